@@ -1,0 +1,7 @@
+"""``python -m verl_npu_autopatch``: the command-line interface."""
+
+import sys
+
+from verl_npu_autopatch.cli import main
+
+sys.exit(main())

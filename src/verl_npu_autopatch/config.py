@@ -1,0 +1,136 @@
+"""Configuration from the environment, read once at activation.
+
+Kept free of heavy imports (no ``dataclasses``, ``typing`` or ``logging``): it runs on the inert
+path of a non-NPU host, where activation must cost well under a millisecond. Problems are
+collected as warning texts; the engine logs each once.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # without importing typing or collections at run time
+    from collections.abc import Mapping
+
+PREFIX = "VERL_NPU_AUTOPATCH"
+LEGACY_GLM52 = "VERL_VLLM_ASCEND_GLM52_PATCH"
+
+TRUE = frozenset({"1", "true", "yes", "on"})
+FALSE = frozenset({"0", "false", "no", "off"})
+DEVICES = ("auto", "npu", "none")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+#: Every variable the engine reads, with its accepted values (for docs and ``status``).
+VARIABLES = {
+    PREFIX: "1 (default) / 0; also true/false, yes/no, on/off",
+    f"{PREFIX}_ENABLE": "comma-separated patch names or groups to turn on (opt-in patches)",
+    f"{PREFIX}_DISABLE": "comma-separated patch names or groups to turn off; wins over ENABLE",
+    f"{PREFIX}_DEVICE": "auto (default) / npu / none",
+    f"{PREFIX}_STRICT": "0 (default) / 1",
+    f"{PREFIX}_LOG": "a logging level name: " + ", ".join(LOG_LEVELS),
+    LEGACY_GLM52: "1 / true / yes turns on group glm52 (legacy verl switch)",
+}
+
+
+class Config:
+    """The parsed configuration plus the warnings parsing produced."""
+
+    __slots__ = ("device", "disable", "enable", "enabled", "log_level", "strict", "warnings")
+
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        enable: frozenset[str] = frozenset(),
+        disable: frozenset[str] = frozenset(),
+        device: str = "auto",
+        strict: bool = False,
+        log_level: str | None = None,
+        warnings: tuple[str, ...] = (),
+    ) -> None:
+        self.enabled = enabled
+        self.enable = enable
+        self.disable = disable
+        self.device = device
+        self.strict = strict
+        self.log_level = log_level
+        self.warnings = warnings
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "enabled": self.enabled,
+            "enable": sorted(self.enable),
+            "disable": sorted(self.disable),
+            "device": self.device,
+            "strict": self.strict,
+            "log_level": self.log_level,
+            "warnings": list(self.warnings),
+        }
+
+    def unknown_names(self, known: set[str]) -> list[str]:
+        """Warnings for ENABLE/DISABLE entries that name no patch or group in ``known``."""
+        found = []
+        for variable, names in ((f"{PREFIX}_ENABLE", self.enable), (f"{PREFIX}_DISABLE", self.disable)):
+            unknown = sorted(names - known)
+            if unknown:
+                found.append(
+                    f"{variable}: unknown patch or group {', '.join(unknown)}; "
+                    f"accepted values: {', '.join(sorted(known))}"
+                )
+        return found
+
+
+def _flag(environ: Mapping[str, str], name: str, default: bool, warnings: list[str]) -> bool:
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    warnings.append(f"{name}={raw!r} is not understood; accepted values: {VARIABLES[name]}. Using default.")
+    return default
+
+
+def _names(environ: Mapping[str, str], name: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in environ.get(name, "").split(",") if part.strip())
+
+
+def read_config(environ: Mapping[str, str] | None = None) -> Config:
+    """Parse the configuration variables; bad values keep their defaults and add a warning."""
+    env = os.environ if environ is None else environ
+    warnings: list[str] = []
+    enabled = _flag(env, PREFIX, True, warnings)
+    strict = _flag(env, f"{PREFIX}_STRICT", False, warnings)
+
+    device = env.get(f"{PREFIX}_DEVICE", "").strip().lower() or "auto"
+    if device not in DEVICES:
+        warnings.append(
+            f"{PREFIX}_DEVICE={env[f'{PREFIX}_DEVICE']!r} is not understood; "
+            f"accepted values: {VARIABLES[f'{PREFIX}_DEVICE']}. Using auto."
+        )
+        device = "auto"
+
+    log_level = env.get(f"{PREFIX}_LOG", "").strip().upper() or None
+    if log_level is not None and log_level not in LOG_LEVELS:
+        warnings.append(
+            f"{PREFIX}_LOG={env[f'{PREFIX}_LOG']!r} is not understood; "
+            f"accepted values: {', '.join(LOG_LEVELS)}. Keeping the logger's level."
+        )
+        log_level = None
+
+    enable = _names(env, f"{PREFIX}_ENABLE")
+    if _flag(env, LEGACY_GLM52, False, warnings):
+        enable |= {"glm52"}
+
+    return Config(
+        enabled=enabled,
+        enable=enable,
+        disable=_names(env, f"{PREFIX}_DISABLE"),
+        device=device,
+        strict=strict,
+        log_level=log_level,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,391 @@
+"""Activation, hook registration, guarded application and the in-process records.
+
+The module imports only the standard library's lightest parts at top level: on a host without
+the NPU stack, :func:`activate` decides "inactive" and returns without importing wrapt,
+``logging``, ``importlib.metadata`` or ``dataclasses``. Everything heavier is imported on the
+active path only.
+"""
+
+from __future__ import annotations
+
+import _thread
+import sys
+
+from verl_npu_autopatch import probes
+from verl_npu_autopatch.config import Config, read_config
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import ModuleType
+
+    from verl_npu_autopatch.report import Record, Report
+    from verl_npu_autopatch.spec import Patch, Site, Target, Undo
+
+LOGGER_NAME = "verl_npu_autopatch"
+
+
+class PatchError(RuntimeError):
+    """Raised at a target's import in strict mode; names the patch, the target and the cause."""
+
+
+class Engine:
+    """Owns one process's patch records. ``activate`` runs once; the rest is driven by imports.
+
+    ``catalogue`` and ``config`` default to the built-in catalogue (plus entry points) and the
+    environment; tests pass their own.
+    """
+
+    def __init__(self, catalogue: Sequence[Patch] | None = None, config: Config | None = None) -> None:
+        self._catalogue = catalogue
+        self._config = config
+        self._lock = _thread.RLock()
+        self.status = "not-activated"
+        self.reason = ""
+        self.trigger = ""
+        self.device = ""
+        self.warnings: list[str] = []
+        self.patches: dict[str, Patch] = {}
+        self.records: dict[str, Record] = {}
+        self._variants: dict[str, tuple[Target, ...]] = {}
+        self._undo: dict[str, Undo] = {}
+        self._claimed: set[str] = set()
+        self._hooked: set[str] = set()
+
+    # ----------------------------------------------------------------- activation
+    def activate(self, trigger: str = "api") -> None:
+        """Decide whether to act in this process and, if so, register every patch's hooks.
+
+        Runs once; later calls return at once. Never raises (strict mode aside).
+        """
+        with self._lock:
+            if self.status != "not-activated":
+                return
+            self.status = "activating"
+        self.trigger = trigger
+        config = self._config = self._config or read_config()
+        self.warnings = list(config.warnings)
+        inert = self._inert_reason(config)
+        if inert:
+            self.status, self.reason = "inactive", inert
+            self._flush_warnings()
+            return
+        try:
+            self._activate(config)
+        except Exception as exc:  # a bug here must not break the user's import
+            self.status, self.reason = "failed", f"activation failed: {exc!r}"
+            self._logger().exception("verl-npu-autopatch activation failed")
+            if config.strict:
+                raise
+
+    def _inert_reason(self, config: Config) -> str:
+        if not config.enabled:
+            return "switched off by VERL_NPU_AUTOPATCH"
+        if config.device == "none":
+            self.device = "none"
+            return "VERL_NPU_AUTOPATCH_DEVICE=none"
+        if config.device == "npu":
+            self.device = "npu (forced)"
+            return ""
+        if probes.npu_stack_installed():
+            self.device = "npu (torch_npu installed)"
+            return ""
+        self.device = "none (torch_npu not installed)"
+        return "no NPU stack: torch_npu is not installed (VERL_NPU_AUTOPATCH_DEVICE=auto)"
+
+    def _activate(self, config: Config) -> None:
+        logger = self._logger()
+        if config.log_level:
+            logger.setLevel(config.log_level)
+        from verl_npu_autopatch import catalog
+
+        patches, load_errors = (
+            (list(self._catalogue), []) if self._catalogue is not None else catalog.load()
+        )
+        self.warnings += config.unknown_names(catalog.names_and_groups(patches))
+        self._flush_warnings()
+        for name, error in load_errors:
+            self._record_load_error(name, error)
+        with self._lock:
+            self.status, self.reason = "active", f"activated by {self.trigger}"
+            for patch in patches:
+                if patch.name in self.patches:
+                    self.warnings.append(f"duplicate patch name {patch.name!r} ignored")
+                    continue
+                self.patches[patch.name] = patch
+                self._select(patch, config)
+        self._register_hooks()
+
+    def _select(self, patch: Patch, config: Config) -> None:
+        """Create the patch's record and decide disabled / gated / pending."""
+        from verl_npu_autopatch.report import Record
+
+        record = self.records[patch.name] = Record(
+            patch.name, patch.groups, " | ".join(str(t) for t in patch.targets)
+        )
+        keys = {patch.name, *patch.groups}
+        if keys & config.disable:
+            return self._set(record, "disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE")
+        if not patch.default and not keys & config.enable:
+            return self._set(record, "disabled", "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE")
+        for requirement in patch.requires:
+            holds, dist, version = probes.check_requirement(requirement)
+            record.versions[dist] = version
+            if not holds:
+                return self._set(record, "gated", _gate_reason(requirement, dist, version))
+        if patch.device == "npu-stack" and config.device != "npu" and not probes.npu_stack_installed():
+            return self._set(record, "gated", "needs the NPU stack (torch_npu)")
+        variants, reasons = [], []
+        for target in patch.targets:
+            failed = None
+            for requirement in target.requires:
+                holds, dist, version = probes.check_requirement(requirement)
+                record.versions[dist] = version
+                if not holds:
+                    failed = _gate_reason(requirement, dist, version)
+                    break
+            if failed:
+                reasons.append(f"{target}: {failed}")
+            else:
+                variants.append(target)
+        if not variants:
+            return self._set(record, "gated", "; ".join(reasons))
+        self._variants[patch.name] = tuple(variants)
+        record.target = " | ".join(str(t) for t in variants)
+        self._set(record, "pending", "waiting for " + " or ".join(dict.fromkeys(t.module for t in variants)))
+
+    def _register_hooks(self) -> None:
+        import wrapt
+
+        with self._lock:
+            modules = [
+                module
+                for name, variants in self._variants.items()
+                for module in dict.fromkeys(t.module for t in variants)
+                if module not in self._hooked
+            ]
+            modules = list(dict.fromkeys(modules))
+            self._hooked.update(modules)
+        for module in modules:
+            wrapt.register_post_import_hook(self._on_import, module)
+
+    # ----------------------------------------------------------------- application
+    def _on_import(self, module: ModuleType) -> None:
+        """wrapt post-import hook: apply every pending patch that targets ``module``."""
+        errors = []
+        for name in [n for n, variants in list(self._variants.items()) if any(
+            t.module == module.__name__ for t in variants
+        )]:
+            error = self._apply(self.patches[name], module)
+            if error is not None:
+                errors.append(error)
+        if errors:
+            raise PatchError("; ".join(str(e) for e in errors)) from errors[0]
+
+    def _apply(self, patch: Patch, module: ModuleType) -> Exception | None:
+        """Gate, check and fix one patch on a freshly imported module. Returns a strict-mode error."""
+        with self._lock:
+            record = self.records[patch.name]
+            if record.state != "pending" or patch.name in self._claimed:
+                return None
+            self._claimed.add(patch.name)
+        try:
+            return self._apply_claimed(patch, record, module)
+        finally:
+            with self._lock:
+                self._claimed.discard(patch.name)
+
+    def _apply_claimed(self, patch: Patch, record: Record, module: ModuleType) -> Exception | None:
+        config = self._config or read_config()
+        stage, target = "resolve", None
+        try:
+            site, missing = self._resolve(patch, record, module)
+            if site is None:
+                if missing is None:
+                    return None  # another variant's module is still to come
+                return self._finish(record, "unsupported", missing, config, patch)
+            target = site.target
+            record.target = str(target)
+            stage = "gate"
+            if patch.device == "npu-device" and config.device != "npu" and not probes.npu_device_visible():
+                return self._finish(record, "gated", "needs a visible NPU device", config, patch)
+            from verl_npu_autopatch.patching import describe, marked_by
+
+            for detector in patch.yields_to:
+                owner = detector(site)
+                if owner:
+                    return self._finish(record, "yielded", f"target owned by {owner}", config, patch)
+            if marked_by(site.value) == patch.name:
+                return self._finish(record, "applied", f"already in place ({describe(site.value)})", config, patch)
+            stage = "check"
+            if patch.check is not None:
+                verdict = patch.check(site)
+                if verdict.action != "apply":
+                    return self._finish(record, verdict.action, verdict.reason, config, patch)
+            stage = "fix"
+            undo = patch.fix(site)
+            with self._lock:
+                self._undo[patch.name] = undo
+            return self._finish(record, "applied", f"patched {target}", config, patch)
+        except Exception as exc:
+            where = target or module.__name__
+            reason = f"{stage} raised {type(exc).__name__}: {exc}"
+            self._logger().error("patch %s on %s failed: %s", patch.name, where, reason, exc_info=True)
+            self._set(record, "failed", reason)
+            if config.strict:
+                error = PatchError(f"patch {patch.name} on {where}: {reason}")
+                error.__cause__ = exc
+                return error
+            return None
+
+    def _resolve(self, patch: Patch, record: Record, module: ModuleType) -> tuple[Site | None, str | None]:
+        """The first variant found in the live modules, or ``(None, why-unsupported)`` once every
+        variant module was imported without it, or ``(None, None)`` while some are still to come."""
+        import inspect
+
+        from verl_npu_autopatch.spec import Site
+
+        missing, waiting = [], False
+        for target in self._variants[patch.name]:
+            live = module if target.module == module.__name__ else sys.modules.get(target.module)
+            if live is None:
+                waiting = True
+                continue
+            owner, found = live, True
+            parts = target.qualname.split(".")
+            for part in parts[:-1]:
+                owner = getattr(owner, part, None)
+                if owner is None:
+                    found = False
+                    break
+            value = inspect.getattr_static(owner, parts[-1], None) if found else None
+            if value is None:
+                missing.append(f"{target} ({_describe_missing(live, parts)})")
+                continue
+            return Site(patch, target, live, owner, parts[-1], value, dict(record.versions)), None
+        if waiting:
+            return None, None
+        return None, "expected " + " or ".join(str(t) for t in self._variants[patch.name]) + \
+            "; found " + "; ".join(missing)
+
+    def _finish(self, record: Record, state: str, reason: str, config: Config, patch: Patch) -> Exception | None:
+        self._set(record, state, reason)
+        if config.strict and state == "unsupported":
+            return PatchError(f"patch {patch.name} on {record.target}: unsupported: {reason}")
+        return None
+
+    # ----------------------------------------------------------------- records
+    def _set(self, record: Record, state: str, reason: str) -> None:
+        with self._lock:
+            record.state, record.reason = state, reason
+        if "logging" in sys.modules or state in ("failed", "unsupported"):
+            level = {"failed": 40, "unsupported": 30, "applied": 20, "fixed-upstream": 20,
+                     "yielded": 20, "reverted": 20}.get(state, 10)
+            self._logger().log(level, "%s: %s (%s)", record.name, state, reason)
+
+    def _record_load_error(self, name: str, error: str) -> None:
+        from verl_npu_autopatch.report import Record
+
+        record = self.records[name] = Record(name, (), "entry point", versions={})
+        self._set(record, "failed", error)
+
+    def _flush_warnings(self) -> None:
+        if self.warnings:
+            logger = self._logger()
+            for text in dict.fromkeys(self.warnings):
+                logger.warning("%s", text)
+
+    @staticmethod
+    def _logger():  # noqa: ANN205
+        import logging
+
+        return logging.getLogger(LOGGER_NAME)
+
+    # ----------------------------------------------------------------- public helpers
+    def report(self) -> Report:
+        from verl_npu_autopatch.report import Record, Report
+
+        with self._lock:
+            records = [Record(**{**r.__dict__, "versions": dict(r.versions)}) for r in self.records.values()]
+            return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
+
+    def _matching(self, name: str | None) -> list[str]:
+        if name is None:
+            return list(self.records)
+        return [n for n, p in self.patches.items() if name == n or name in p.groups]
+
+    def revert(self, name: str | None = None) -> list[str]:
+        """Undo applied patches (all, one by name, or a group); returns the names reverted."""
+        done = []
+        for patch_name in self._matching(name):
+            with self._lock:
+                undo = self._undo.pop(patch_name, None)
+            if undo is None:
+                continue
+            record = self.records[patch_name]
+            try:
+                undo()
+            except Exception as exc:
+                self._logger().error("reverting %s failed", patch_name, exc_info=True)
+                self._set(record, "failed", f"revert raised {type(exc).__name__}: {exc}")
+                continue
+            self._set(record, "reverted", "reverted by revert()")
+            done.append(patch_name)
+        return done
+
+    def yield_to(self, name: str, owner: str) -> bool:
+        """Hand patch ``name``'s target to ``owner``: undo it if applied, record ``yielded``.
+
+        Returns whether the patch was applied before. Used for arbitration with e.g. Liger-Kernel.
+        """
+        with self._lock:
+            undo = self._undo.pop(name, None)
+            record = self.records.get(name)
+        if record is None:
+            return False
+        if undo is not None:
+            undo()
+        self._set(record, "yielded", f"target handed to {owner}")
+        return undo is not None
+
+
+def _gate_reason(requirement: str, dist: str, version: str | None) -> str:
+    if version is None:
+        return f"needs {requirement}; {dist} is not installed"
+    return f"needs {requirement}; {dist} {version} is installed"
+
+
+def _describe_missing(module: ModuleType, parts: list[str]) -> str:
+    owner: object = module
+    for depth, part in enumerate(parts):
+        if not hasattr(owner, part):
+            where = ".".join(parts[:depth]) or module.__name__
+            kind = type(owner).__name__
+            return f"{where} ({kind}) has no attribute {part!r}"
+        owner = getattr(owner, part)
+    return "attribute is None"
+
+
+# --------------------------------------------------------------------- process-wide engine
+_ENGINE = Engine()
+
+
+def engine() -> Engine:
+    """The process-wide engine that the start-up hook and the vLLM plugin activate."""
+    return _ENGINE
+
+
+def activate(trigger: str = "api") -> None:
+    """Activate the process-wide engine (idempotent). Use it where ``.pth`` files are not
+    processed: ``python -S``, embedded interpreters, code on ``PYTHONPATH`` only."""
+    _ENGINE.activate(trigger)
+
+
+def report() -> Report:
+    """What the process-wide engine decided so far, patch by patch."""
+    return _ENGINE.report()
+
+
+def revert(name: str | None = None) -> list[str]:
+    """Undo applied patches: all of them, one by name, or a group."""
+    return _ENGINE.revert(name)

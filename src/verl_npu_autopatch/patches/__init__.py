@@ -1,0 +1,1 @@
+"""Built-in patch families, one module per family; each exposes ``PATCHES``."""

