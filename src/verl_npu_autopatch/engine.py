@@ -262,7 +262,7 @@ class Engine:
             if value is None:
                 missing.append(f"{target} ({_describe_missing(live, parts)})")
                 continue
-            return Site(patch, target, live, owner, parts[-1], value, dict(record.versions)), None
+            return Site(patch, target, live, owner, parts[-1], value, dict(record.versions), self), None
         if waiting:
             return None, None
         return None, "expected " + " or ".join(str(t) for t in self._variants[patch.name]) + \

@@ -79,8 +79,9 @@ class Site:
     """The live target a patch is about to check and fix.
 
     ``owner`` holds the attribute named ``attribute`` (a class or the module itself); ``value`` is
-    the raw attribute as stored on the owner (so a ``staticmethod`` object stays one), and
-    ``versions`` maps the distributions the patch gates on to their installed versions.
+    the raw attribute as stored on the owner (so a ``staticmethod`` object stays one),
+    ``versions`` maps the distributions the patch gates on to their installed versions, and
+    ``engine`` is the engine applying the patch (for fixes that arbitrate with other patches).
     """
 
     patch: Patch
@@ -89,7 +90,8 @@ class Site:
     owner: Any
     attribute: str
     value: Any
-    versions: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)
+    engine: Any = None
 
 
 @dataclass(frozen=True)
