@@ -16,7 +16,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):  # noqa: ANN001, ANN202
+def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'verl_npu_autopatch' has no attribute {name!r}")

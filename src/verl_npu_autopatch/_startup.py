@@ -29,12 +29,12 @@ class Observer:
     def __init__(self) -> None:
         self.watched = WATCHED
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201
+    def find_spec(self, fullname, path=None, target=None):
         if fullname not in self.watched:
             return None
         return self.wake(fullname, path, target)
 
-    def wake(self, fullname, path, target):  # noqa: ANN001, ANN201
+    def wake(self, fullname, path, target):
         """Activate the engine, then let the other finders (wrapt's first) resolve ``fullname``."""
         self.remove()
         try:
@@ -59,7 +59,7 @@ class Observer:
             pass
 
 
-def installed_observer():  # noqa: ANN201
+def installed_observer():
     """The observer on ``sys.meta_path``, or ``None``."""
     for finder in sys.meta_path:
         if getattr(finder, "verl_npu_autopatch_observer", False):

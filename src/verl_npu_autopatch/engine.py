@@ -11,12 +11,12 @@ from __future__ import annotations
 import _thread
 import sys
 
-from verl_npu_autopatch import probes
+from verl_npu_autopatch import gates, probes
 from verl_npu_autopatch.config import Config, read_config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
     from types import ModuleType
 
     from verl_npu_autopatch.report import Record, Report
@@ -51,6 +51,7 @@ class Engine:
         self._undo: dict[str, Undo] = {}
         self._claimed: set[str] = set()
         self._hooked: set[str] = set()
+        self._absent: set[str] = set()
 
     # ----------------------------------------------------------------- activation
     def activate(self, trigger: str = "api") -> None:
@@ -65,33 +66,20 @@ class Engine:
         self.trigger = trigger
         config = self._config = self._config or read_config()
         self.warnings = list(config.warnings)
-        inert = self._inert_reason(config)
+        self.device, inert = gates.device_decision(config)
         if inert:
             self.status, self.reason = "inactive", inert
             self._flush_warnings()
             return
         try:
             self._activate(config)
+        except PatchError:
+            raise  # strict mode: a patch on a target imported before activation failed
         except Exception as exc:  # a bug here must not break the user's import
             self.status, self.reason = "failed", f"activation failed: {exc!r}"
             self._logger().exception("verl-npu-autopatch activation failed")
             if config.strict:
                 raise
-
-    def _inert_reason(self, config: Config) -> str:
-        if not config.enabled:
-            return "switched off by VERL_NPU_AUTOPATCH"
-        if config.device == "none":
-            self.device = "none"
-            return "VERL_NPU_AUTOPATCH_DEVICE=none"
-        if config.device == "npu":
-            self.device = "npu (forced)"
-            return ""
-        if probes.npu_stack_installed():
-            self.device = "npu (torch_npu installed)"
-            return ""
-        self.device = "none (torch_npu not installed)"
-        return "no NPU stack: torch_npu is not installed (VERL_NPU_AUTOPATCH_DEVICE=auto)"
 
     def _activate(self, config: Config) -> None:
         logger = self._logger()
@@ -99,9 +87,7 @@ class Engine:
             logger.setLevel(config.log_level)
         from verl_npu_autopatch import catalog
 
-        patches, load_errors = (
-            (list(self._catalogue), []) if self._catalogue is not None else catalog.load()
-        )
+        patches, load_errors = (list(self._catalogue), []) if self._catalogue is not None else catalog.load()
         self.warnings += config.unknown_names(catalog.names_and_groups(patches))
         self._flush_warnings()
         for name, error in load_errors:
@@ -110,79 +96,77 @@ class Engine:
             self.status, self.reason = "active", f"activated by {self.trigger}"
             for patch in patches:
                 if patch.name in self.patches:
-                    self.warnings.append(f"duplicate patch name {patch.name!r} ignored")
+                    self.warnings.append(f"duplicate patch name {patch.name!r}: the second one is ignored")
+                    logger.warning("%s", self.warnings[-1])
                     continue
                 self.patches[patch.name] = patch
                 self._select(patch, config)
         self._register_hooks()
 
     def _select(self, patch: Patch, config: Config) -> None:
-        """Create the patch's record and decide disabled / gated / pending."""
+        """Create the patch's record: disabled, gated, or pending on its live variants."""
         from verl_npu_autopatch.report import Record
 
+        plan = gates.plan(patch, config)
         record = self.records[patch.name] = Record(
-            patch.name, patch.groups, " | ".join(str(t) for t in patch.targets)
+            patch.name, patch.groups, " | ".join(str(t) for t in plan.variants or patch.targets)
         )
-        keys = {patch.name, *patch.groups}
-        if keys & config.disable:
-            return self._set(record, "disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE")
-        if not patch.default and not keys & config.enable:
-            return self._set(record, "disabled", "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE")
-        for requirement in patch.requires:
-            holds, dist, version = probes.check_requirement(requirement)
-            record.versions[dist] = version
-            if not holds:
-                return self._set(record, "gated", _gate_reason(requirement, dist, version))
-        if patch.device == "npu-stack" and config.device != "npu" and not probes.npu_stack_installed():
-            return self._set(record, "gated", "needs the NPU stack (torch_npu)")
-        variants, reasons = [], []
-        for target in patch.targets:
-            failed = None
-            for requirement in target.requires:
-                holds, dist, version = probes.check_requirement(requirement)
-                record.versions[dist] = version
-                if not holds:
-                    failed = _gate_reason(requirement, dist, version)
-                    break
-            if failed:
-                reasons.append(f"{target}: {failed}")
-            else:
-                variants.append(target)
-        if not variants:
-            return self._set(record, "gated", "; ".join(reasons))
-        self._variants[patch.name] = tuple(variants)
-        record.target = " | ".join(str(t) for t in variants)
-        self._set(record, "pending", "waiting for " + " or ".join(dict.fromkeys(t.module for t in variants)))
+        record.versions = plan.versions
+        if plan.variants:
+            self._variants[patch.name] = plan.variants
+        self._set(record, plan.state, plan.reason)
 
     def _register_hooks(self) -> None:
         import wrapt
 
         with self._lock:
-            modules = [
-                module
-                for name, variants in self._variants.items()
-                for module in dict.fromkeys(t.module for t in variants)
-                if module not in self._hooked
-            ]
-            modules = list(dict.fromkeys(modules))
+            wanted = dict.fromkeys(t.module for variants in self._variants.values() for t in variants)
+            modules = [module for module in wanted if module not in self._hooked]
             self._hooked.update(modules)
-        for module in modules:
-            wrapt.register_post_import_hook(self._on_import, module)
+        errors = []
+        for module in modules:  # a module imported already is handled at once, inside the call
+            try:
+                wrapt.register_post_import_hook(self._on_import, module)
+            except PatchError as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
     # ----------------------------------------------------------------- application
     def _on_import(self, module: ModuleType) -> None:
         """wrapt post-import hook: apply every pending patch that targets ``module``."""
         errors = []
-        for name in [n for n, variants in list(self._variants.items()) if any(
-            t.module == module.__name__ for t in variants
-        )]:
+        for name in [
+            n for n, variants in list(self._variants.items()) if any(t.module == module.__name__ for t in variants)
+        ]:
             error = self._apply(self.patches[name], module)
             if error is not None:
                 errors.append(error)
         if errors:
             raise PatchError("; ".join(str(e) for e in errors)) from errors[0]
 
-    def _apply(self, patch: Patch, module: ModuleType) -> Exception | None:
+    def pending_modules(self) -> list[str]:
+        """Modules still awaited by pending patches, in catalogue order."""
+        with self._lock:
+            modules = [
+                t.module
+                for name, record in self.records.items()
+                if record.state == "pending"
+                for t in self._variants.get(name, ())
+            ]
+        return list(dict.fromkeys(modules))
+
+    def settle(self, absent: Iterable[str] = ()) -> None:
+        """Conclude pending patches once every target that can be imported was (``doctor``):
+        ``absent`` names modules that do not exist here; a patch none of whose variants can be
+        found any more becomes ``unsupported``."""
+        with self._lock:
+            self._absent.update(absent)
+            pending = [n for n, r in self.records.items() if r.state == "pending" and n in self._variants]
+        for name in pending:
+            self._apply(self.patches[name], None)
+
+    def _apply(self, patch: Patch, module: ModuleType | None) -> Exception | None:
         """Gate, check and fix one patch on a freshly imported module. Returns a strict-mode error."""
         with self._lock:
             record = self.records[patch.name]
@@ -195,7 +179,7 @@ class Engine:
             with self._lock:
                 self._claimed.discard(patch.name)
 
-    def _apply_claimed(self, patch: Patch, record: Record, module: ModuleType) -> Exception | None:
+    def _apply_claimed(self, patch: Patch, record: Record, module: ModuleType | None) -> Exception | None:
         config = self._config or read_config()
         stage, target = "resolve", None
         try:
@@ -228,7 +212,7 @@ class Engine:
                 self._undo[patch.name] = undo
             return self._finish(record, "applied", f"patched {target}", config, patch)
         except Exception as exc:
-            where = target or module.__name__
+            where = target or (module.__name__ if module else patch.name)
             reason = f"{stage} raised {type(exc).__name__}: {exc}"
             self._logger().error("patch %s on %s failed: %s", patch.name, where, reason, exc_info=True)
             self._set(record, "failed", reason)
@@ -238,7 +222,7 @@ class Engine:
                 return error
             return None
 
-    def _resolve(self, patch: Patch, record: Record, module: ModuleType) -> tuple[Site | None, str | None]:
+    def _resolve(self, patch: Patch, record: Record, module: ModuleType | None) -> tuple[Site | None, str | None]:
         """The first variant found in the live modules, or ``(None, why-unsupported)`` once every
         variant module was imported without it, or ``(None, None)`` while some are still to come."""
         import inspect
@@ -247,9 +231,14 @@ class Engine:
 
         missing, waiting = [], False
         for target in self._variants[patch.name]:
-            live = module if target.module == module.__name__ else sys.modules.get(target.module)
+            live = sys.modules.get(target.module)
+            if module is not None and target.module == module.__name__:
+                live = module
             if live is None:
-                waiting = True
+                if target.module in self._absent:
+                    missing.append(f"{target} (module {target.module} does not exist)")
+                else:
+                    waiting = True
                 continue
             owner, found = live, True
             parts = target.qualname.split(".")
@@ -265,8 +254,9 @@ class Engine:
             return Site(patch, target, live, owner, parts[-1], value, dict(record.versions), self), None
         if waiting:
             return None, None
-        return None, "expected " + " or ".join(str(t) for t in self._variants[patch.name]) + \
-            "; found " + "; ".join(missing)
+        return None, "expected " + " or ".join(str(t) for t in self._variants[patch.name]) + "; found " + "; ".join(
+            missing
+        )
 
     def _finish(self, record: Record, state: str, reason: str, config: Config, patch: Patch) -> Exception | None:
         self._set(record, state, reason)
@@ -279,8 +269,14 @@ class Engine:
         with self._lock:
             record.state, record.reason = state, reason
         if "logging" in sys.modules or state in ("failed", "unsupported"):
-            level = {"failed": 40, "unsupported": 30, "applied": 20, "fixed-upstream": 20,
-                     "yielded": 20, "reverted": 20}.get(state, 10)
+            level = {
+                "failed": 40,
+                "unsupported": 30,
+                "applied": 20,
+                "fixed-upstream": 20,
+                "yielded": 20,
+                "reverted": 20,
+            }.get(state, 10)
             self._logger().log(level, "%s: %s (%s)", record.name, state, reason)
 
     def _record_load_error(self, name: str, error: str) -> None:
@@ -296,7 +292,7 @@ class Engine:
                 logger.warning("%s", text)
 
     @staticmethod
-    def _logger():  # noqa: ANN205
+    def _logger():
         import logging
 
         return logging.getLogger(LOGGER_NAME)
@@ -347,12 +343,6 @@ class Engine:
             undo()
         self._set(record, "yielded", f"target handed to {owner}")
         return undo is not None
-
-
-def _gate_reason(requirement: str, dist: str, version: str | None) -> str:
-    if version is None:
-        return f"needs {requirement}; {dist} is not installed"
-    return f"needs {requirement}; {dist} {version} is installed"
 
 
 def _describe_missing(module: ModuleType, parts: list[str]) -> str:

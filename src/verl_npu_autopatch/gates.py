@@ -1,0 +1,81 @@
+"""Decisions made before any target is imported: is the engine active here, and for each patch
+is it disabled, gated, or pending on which target variants. Shared by the engine and ``status``."""
+
+from __future__ import annotations
+
+from verl_npu_autopatch import probes
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from verl_npu_autopatch.config import Config
+    from verl_npu_autopatch.spec import Patch, Target
+
+
+def device_decision(config: Config) -> tuple[str, str]:
+    """``(device, inert reason)``; the reason is empty when the engine should act."""
+    if not config.enabled:
+        return "-", "switched off by VERL_NPU_AUTOPATCH"
+    if config.device == "none":
+        return "none", "VERL_NPU_AUTOPATCH_DEVICE=none"
+    if config.device == "npu":
+        return "npu (forced)", ""
+    if probes.npu_stack_installed():
+        return "npu (torch_npu installed)", ""
+    return (
+        "none (torch_npu not installed)",
+        "no NPU stack: torch_npu is not installed (VERL_NPU_AUTOPATCH_DEVICE=auto)",
+    )
+
+
+class Plan:
+    """A patch's state before its target is imported, and the variants still in play."""
+
+    __slots__ = ("reason", "state", "variants", "versions")
+
+    def __init__(self, state: str, reason: str, versions: dict[str, str | None], variants: tuple[Target, ...]):
+        self.state = state
+        self.reason = reason
+        self.versions = versions
+        self.variants = variants
+
+
+def _gate_reason(requirement: str, dist: str, version: str | None) -> str:
+    if version is None:
+        return f"needs {requirement}; {dist} is not installed"
+    return f"needs {requirement}; {dist} {version} is installed"
+
+
+def _first_failure(requirements: tuple[str, ...], versions: dict[str, str | None]) -> str:
+    for requirement in requirements:
+        holds, dist, version = probes.check_requirement(requirement)
+        versions[dist] = version
+        if not holds:
+            return _gate_reason(requirement, dist, version)
+    return ""
+
+
+def plan(patch: Patch, config: Config) -> Plan:
+    """Decide ``disabled`` / ``gated`` / ``pending`` for ``patch`` from configuration and
+    installed metadata only."""
+    versions: dict[str, str | None] = {}
+    keys = {patch.name, *patch.groups}
+    if keys & config.disable:
+        return Plan("disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE", versions, ())
+    if not patch.default and not keys & config.enable:
+        return Plan("disabled", "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE", versions, ())
+    failure = _first_failure(patch.requires, versions)
+    if failure:
+        return Plan("gated", failure, versions, ())
+    if patch.device == "npu-stack" and config.device != "npu" and not probes.npu_stack_installed():
+        return Plan("gated", "needs the NPU stack (torch_npu)", versions, ())
+    variants, reasons = [], []
+    for target in patch.targets:
+        failure = _first_failure(target.requires, versions)
+        if failure:
+            reasons.append(f"{target}: {failure}")
+        else:
+            variants.append(target)
+    if not variants:
+        return Plan("gated", "; ".join(reasons), versions, ())
+    modules = " or ".join(dict.fromkeys(t.module for t in variants))
+    return Plan("pending", f"waiting for {modules}", versions, tuple(variants))
