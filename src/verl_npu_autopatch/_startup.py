@@ -22,7 +22,12 @@ def switched_off() -> bool:
 
 
 class Observer:
-    """Meta-path finder that never finds anything; it only notices the first watched import."""
+    """Meta-path finder that finds nothing itself; it only notices the first watched import.
+
+    On that import it removes itself and hands back the real spec with an :class:`Awakening`
+    loader, so the engine is activated while the package *loads* rather than inside
+    ``find_spec``, which runs under the interpreter's global import lock.
+    """
 
     verl_npu_autopatch_observer = True
 
@@ -32,23 +37,15 @@ class Observer:
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in self.watched:
             return None
-        return self.wake(fullname, path, target)
-
-    def wake(self, fullname, path, target):
-        """Activate the engine, then let the other finders (wrapt's first) resolve ``fullname``."""
         self.remove()
-        try:
-            from verl_npu_autopatch.engine import activate
-
-            activate(trigger=fullname)
-        except Exception:  # the engine records its own failures; never break the import
-            return None
         for finder in list(sys.meta_path):
             find_spec = getattr(finder, "find_spec", None)
             if find_spec is None:
                 continue
             spec = find_spec(fullname, path, target)
             if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = Awakening(spec.loader)
                 return spec
         return None
 
@@ -57,6 +54,41 @@ class Observer:
             sys.meta_path.remove(self)
         except ValueError:
             pass
+
+
+class Awakening:
+    """Loader wrapper for the watched package that woke the observer: activate the engine, run
+    the real loader, then let the engine patch the package itself (wrapt never saw this import).
+    Other attributes (``get_code``, ``is_package``, ...) pass through to the real loader."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        create = getattr(self.loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module) -> None:
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.loader
+        engine = None
+        try:
+            from verl_npu_autopatch import engine
+
+            engine.activate(trigger=module.__name__)
+        except Exception:  # the engine records its own failures; never break the import
+            pass
+        self.loader.exec_module(module)
+        if engine is not None:
+            try:
+                engine.engine().module_loaded(module)
+            except Exception as exc:
+                if type(exc).__name__ == "PatchError":  # strict mode: raise at the target's import
+                    raise
 
 
 def installed_observer():

@@ -13,7 +13,7 @@ from typing import Any
 
 from verl_npu_autopatch import __version__, catalog, gates, probes
 from verl_npu_autopatch.config import VARIABLES, read_config
-from verl_npu_autopatch.report import table
+from verl_npu_autopatch.records import table
 
 #: Distributions whose versions ``status`` shows.
 SHOWN_DISTRIBUTIONS = (

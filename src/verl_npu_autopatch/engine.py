@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from types import ModuleType
 
-    from verl_npu_autopatch.report import Record, Report
+    from verl_npu_autopatch.records import Record, Report
     from verl_npu_autopatch.spec import Patch, Site, Target, Undo
 
 LOGGER_NAME = "verl_npu_autopatch"
@@ -39,7 +39,8 @@ class Engine:
     def __init__(self, catalogue: Sequence[Patch] | None = None, config: Config | None = None) -> None:
         self._catalogue = catalogue
         self._config = config
-        self._lock = _thread.RLock()
+        self._lock = _thread.RLock()  # records and claims; held only briefly, never across imports
+        self._activation_lock = _thread.RLock()
         self.status = "not-activated"
         self.reason = ""
         self.trigger = ""
@@ -52,71 +53,76 @@ class Engine:
         self._claimed: set[str] = set()
         self._hooked: set[str] = set()
         self._absent: set[str] = set()
+        self._deferred: set[str] = set()
 
     # ----------------------------------------------------------------- activation
     def activate(self, trigger: str = "api") -> None:
         """Decide whether to act in this process and, if so, register every patch's hooks.
 
-        Runs once; later calls return at once. Never raises (strict mode aside).
+        Runs once; a concurrent call waits until the first is done, later calls return at once.
+        Never raises (strict mode aside). Never called with the interpreter's import lock held
+        (the start-up observer activates from its loader, not from ``find_spec``), so imports made
+        here cannot deadlock with another thread's import.
         """
-        with self._lock:
+        with self._activation_lock:
             if self.status != "not-activated":
                 return
             self.status = "activating"
-        self.trigger = trigger
-        config = self._config = self._config or read_config()
-        self.warnings = list(config.warnings)
-        self.device, inert = gates.device_decision(config)
-        if inert:
-            self.status, self.reason = "inactive", inert
-            self._flush_warnings()
-            return
-        try:
-            self._activate(config)
-        except PatchError:
-            raise  # strict mode: a patch on a target imported before activation failed
-        except Exception as exc:  # a bug here must not break the user's import
-            self.status, self.reason = "failed", f"activation failed: {exc!r}"
-            self._logger().exception("verl-npu-autopatch activation failed")
-            if config.strict:
-                raise
+            self.trigger = trigger
+            config = self._config = self._config or read_config()
+            self.warnings = list(config.warnings)
+            self.device, inert = gates.device_decision(config)
+            if inert:
+                self.status, self.reason = "inactive", inert
+                self._flush_warnings()
+                return
+            try:
+                self._activate(config)
+            except PatchError:
+                raise  # strict mode: a patch on a target imported before activation failed
+            except Exception as exc:  # a bug here must not break the user's import
+                self.status, self.reason = "failed", f"activation failed: {exc!r}"
+                self._logger().exception("verl-npu-autopatch activation failed")
+                if config.strict:
+                    raise
 
     def _activate(self, config: Config) -> None:
         logger = self._logger()
         if config.log_level:
             logger.setLevel(config.log_level)
         from verl_npu_autopatch import catalog
+        from verl_npu_autopatch.records import Record
 
         patches, load_errors = (list(self._catalogue), []) if self._catalogue is not None else catalog.load()
         self.warnings += config.unknown_names(catalog.names_and_groups(patches))
         self._flush_warnings()
         for name, error in load_errors:
             self._record_load_error(name, error)
+        unique: dict[str, Patch] = {}
+        for patch in patches:
+            if patch.name in unique:
+                self.warnings.append(f"duplicate patch name {patch.name!r}: the second one is ignored")
+                logger.warning("%s", self.warnings[-1])
+            else:
+                unique[patch.name] = patch
+        plans = {name: gates.plan(patch, config) for name, patch in unique.items()}
         with self._lock:
             self.status, self.reason = "active", f"activated by {self.trigger}"
-            for patch in patches:
-                if patch.name in self.patches:
-                    self.warnings.append(f"duplicate patch name {patch.name!r}: the second one is ignored")
-                    logger.warning("%s", self.warnings[-1])
-                    continue
-                self.patches[patch.name] = patch
-                self._select(patch, config)
+            for name, plan in plans.items():
+                self.patches[name] = unique[name]
+                targets = plan.variants or unique[name].targets
+                self.records[name] = Record(name, unique[name].groups, " | ".join(map(str, targets)), "pending")
+                self.records[name].versions = plan.versions
+                if plan.variants:
+                    self._variants[name] = plan.variants
+        for name, plan in plans.items():
+            self._set(self.records[name], plan.state, plan.reason)
         self._register_hooks()
 
-    def _select(self, patch: Patch, config: Config) -> None:
-        """Create the patch's record: disabled, gated, or pending on its live variants."""
-        from verl_npu_autopatch.report import Record
-
-        plan = gates.plan(patch, config)
-        record = self.records[patch.name] = Record(
-            patch.name, patch.groups, " | ".join(str(t) for t in plan.variants or patch.targets)
-        )
-        record.versions = plan.versions
-        if plan.variants:
-            self._variants[patch.name] = plan.variants
-        self._set(record, plan.state, plan.reason)
-
     def _register_hooks(self) -> None:
+        """One wrapt post-import hook per target module. A module already imported is handled at
+        once; one still executing (another thread's, or the package whose import woke us) is
+        handled when it finishes: see :meth:`module_loaded` and :meth:`_catch_up`."""
         import wrapt
 
         with self._lock:
@@ -124,7 +130,11 @@ class Engine:
             modules = [module for module in wanted if module not in self._hooked]
             self._hooked.update(modules)
         errors = []
-        for module in modules:  # a module imported already is handled at once, inside the call
+        for module in modules:
+            if _initializing(sys.modules.get(module)):
+                with self._lock:
+                    self._deferred.add(module)
+                continue
             try:
                 wrapt.register_post_import_hook(self._on_import, module)
             except PatchError as error:
@@ -133,8 +143,25 @@ class Engine:
             raise errors[0]
 
     # ----------------------------------------------------------------- application
+    def module_loaded(self, module: ModuleType) -> None:
+        """A target module finished executing outside wrapt's view (the package whose import
+        activated the engine): apply its pending patches now. Raises only in strict mode."""
+        with self._lock:
+            self._deferred.discard(module.__name__)
+        self._on_import(module)
+
+    def _catch_up(self) -> None:
+        """Apply patches on deferred modules that have finished executing since."""
+        with self._lock:
+            ready = [m for m in self._deferred if m in sys.modules and not _initializing(sys.modules[m])]
+            self._deferred.difference_update(ready)
+        for name in ready:
+            self._on_import(sys.modules[name])
+
     def _on_import(self, module: ModuleType) -> None:
         """wrapt post-import hook: apply every pending patch that targets ``module``."""
+        if self._deferred:
+            self._catch_up()
         errors = []
         for name in [
             n for n, variants in list(self._variants.items()) if any(t.module == module.__name__ for t in variants)
@@ -163,6 +190,7 @@ class Engine:
         with self._lock:
             self._absent.update(absent)
             pending = [n for n, r in self.records.items() if r.state == "pending" and n in self._variants]
+        self._catch_up()
         for name in pending:
             self._apply(self.patches[name], None)
 
@@ -280,7 +308,7 @@ class Engine:
             self._logger().log(level, "%s: %s (%s)", record.name, state, reason)
 
     def _record_load_error(self, name: str, error: str) -> None:
-        from verl_npu_autopatch.report import Record
+        from verl_npu_autopatch.records import Record
 
         record = self.records[name] = Record(name, (), "entry point", versions={})
         self._set(record, "failed", error)
@@ -299,7 +327,7 @@ class Engine:
 
     # ----------------------------------------------------------------- public helpers
     def report(self) -> Report:
-        from verl_npu_autopatch.report import Record, Report
+        from verl_npu_autopatch.records import Record, Report
 
         with self._lock:
             records = [Record(**{**r.__dict__, "versions": dict(r.versions)}) for r in self.records.values()]
@@ -345,6 +373,11 @@ class Engine:
         return undo is not None
 
 
+def _initializing(module: ModuleType | None) -> bool:
+    """Whether ``module`` is in ``sys.modules`` but still executing."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
 def _describe_missing(module: ModuleType, parts: list[str]) -> str:
     owner: object = module
     for depth, part in enumerate(parts):
@@ -368,6 +401,10 @@ def engine() -> Engine:
 def activate(trigger: str = "api") -> None:
     """Activate the process-wide engine (idempotent). Use it where ``.pth`` files are not
     processed: ``python -S``, embedded interpreters, code on ``PYTHONPATH`` only."""
+    startup = sys.modules.get("verl_npu_autopatch._startup")
+    observer = startup.installed_observer() if startup else None
+    if observer is not None:
+        observer.remove()  # activation is done (or decided against): nothing left to observe
     _ENGINE.activate(trigger)
 
 

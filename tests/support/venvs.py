@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -28,7 +29,7 @@ SPECS: dict[str, dict[str, list]] = {
     "base": {"steps": [["wrapt", "packaging"]], "remove": []},
     "runner": {
         "steps": [
-            ["wrapt", "packaging", "pytest", "ruff", "hatchling", "ray==2.60.0", "virtualenv"],
+            ["wrapt", "packaging", "pytest", "ruff", "hatchling", "ray==2.60.0", "virtualenv", "uv"],
         ],
         "remove": [],
     },
@@ -67,10 +68,8 @@ def build_wheel() -> Path:
     DIST.mkdir(exist_ok=True)
     for old in DIST.glob("verl_npu_autopatch-*.whl"):
         old.unlink()
-    _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", DIST, ROOT],
-        stdout=subprocess.DEVNULL,
-    )
+    isolation = [] if importlib.util.find_spec("hatchling") is None else ["--no-build-isolation"]
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", DIST, ROOT], stdout=subprocess.DEVNULL)
     (wheel,) = DIST.glob("verl_npu_autopatch-*.whl")
     return wheel
 

@@ -1,0 +1,135 @@
+"""The start-up hook in real interpreters, on every Python from 3.10 to 3.13."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from support.children import run, run_json
+
+OBSERVERS = (
+    "import sys, json; print(json.dumps([type(f).__name__ for f in sys.meta_path "
+    "if getattr(f, 'verl_npu_autopatch_observer', False)]))"
+)
+MODULES = "import sys, json; print(json.dumps(sorted(sys.modules)))"
+
+
+def site_packages(python: Path) -> Path:
+    out = run(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])", fixtures=False)
+    return Path(out.stdout.strip())
+
+
+def test_wheel_root_holds_both_startup_files(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "verl_npu_autopatch.pth" in names
+    assert "verl_npu_autopatch.start" in names
+    start = zipfile.ZipFile(wheel).read("verl_npu_autopatch.start").decode("utf-8-sig").split()
+    assert start == ["verl_npu_autopatch._startup:install"]
+    assert "verl_npu_autopatch/py.typed" in names
+
+
+def test_observer_installed_exactly_once(any_python: Path) -> None:
+    # venvs process their .pth files twice (cpython#75723): still one observer
+    assert run_json(any_python, OBSERVERS, fixtures=False) == ["Observer"]
+
+
+def test_startup_imports_nothing_heavy(any_python: Path, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"  # made the same way as the test venv, without the wheel
+    base = Path(run(any_python, "import sys; print(sys._base_executable)", fixtures=False).stdout.strip())
+    subprocess.run([str(base), "-m", "venv", str(bare)], check=True)
+    without = set(run_json(bare / "bin" / "python", MODULES, fixtures=False))
+    with_package = set(run_json(any_python, MODULES, fixtures=False))
+    # site.py itself (3.13+) loads the utf-8-sig codec to read any .pth file
+    assert with_package - without - {"encodings.utf_8_sig"} == {"verl_npu_autopatch", "verl_npu_autopatch._startup"}
+
+
+def test_master_switch_installs_nothing(any_python: Path) -> None:
+    for value in ("0", "false", "NO", " off "):
+        assert run_json(any_python, OBSERVERS, env={"VERL_NPU_AUTOPATCH": value}, fixtures=False) == []
+
+
+def test_dash_capital_s_does_nothing(any_python: Path) -> None:
+    seen = run_json(any_python, "import sys, json; print(json.dumps(sorted(sys.modules)))", args=("-S",))
+    assert not [m for m in seen if m.startswith("verl_npu_autopatch")]
+
+
+def test_start_file_entry_point_works_as_pep_829_calls_it(any_python: Path) -> None:
+    purelib = site_packages(any_python)
+    code = f"""
+import json, pkgutil, sys
+sys.path.append({str(purelib)!r})
+line = open({str(purelib / "verl_npu_autopatch.start")!r}, encoding="utf-8-sig").read().strip()
+entry = pkgutil.resolve_name(line)
+entry(); entry()
+print(json.dumps([type(f).__name__ for f in sys.meta_path if getattr(f, "verl_npu_autopatch_observer", False)]))
+"""
+    assert run_json(any_python, code, args=("-S",), fixtures=False) == ["Observer"]
+
+
+def test_odd_values_never_break_startup(any_python: Path) -> None:
+    proc = run(any_python, "print('ok')", env={"VERL_NPU_AUTOPATCH": "maybe\x01", "VERL_NPU_AUTOPATCH_DEVICE": "?"})
+    assert (proc.stdout, proc.stderr) == ("ok\n", "")
+
+
+def test_watched_import_activates_and_inert_host_stays_light(any_python: Path) -> None:
+    code = """
+import json, sys
+import vllm
+heavy = sorted(m for m in ("wrapt", "importlib.metadata", "logging", "dataclasses", "inspect", "torch_npu")
+               if m in sys.modules)
+import verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps({"status": r.status, "reason": r.reason, "trigger": r.trigger, "heavy": heavy}))
+"""
+    seen = run_json(any_python, code)
+    assert seen["status"] == "inactive"
+    assert seen["trigger"] == "vllm"
+    assert "torch_npu is not installed" in seen["reason"]
+    assert seen["heavy"] == []
+
+
+def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) -> None:
+    base = Path(run(base_python, "import sys; print(sys._base_executable)", fixtures=False).stdout.strip())
+    env = tmp_path / "stale"
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(env)], check=True)
+    purelib = site_packages(env / "bin" / "python")
+    (purelib / "verl_npu_autopatch.pth").write_text((Path(__file__).parents[2] / "verl_npu_autopatch.pth").read_text())
+    proc = run(env / "bin" / "python", "print('ok')", fixtures=False)
+    assert (proc.stdout, proc.stderr) == ("ok\n", "")
+    # a broken install (package present but unimportable) is just as silent
+    (purelib / "verl_npu_autopatch").mkdir()
+    (purelib / "verl_npu_autopatch" / "__init__.py").write_text("this is not python\n")
+    proc = run(env / "bin" / "python", "print('ok')", fixtures=False)
+    assert (proc.stdout, proc.stderr) == ("ok\n", "")
+
+
+def test_editable_install_and_uninstall(tmp_path: Path, base_python: Path) -> None:
+    root = Path(__file__).parents[2]
+    env = tmp_path / "editable"
+    subprocess.run([str(base_python), "-m", "venv", str(env)], check=True)
+    python = env / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "-e", str(root)], check=True, capture_output=True)
+    assert run_json(python, OBSERVERS, fixtures=False) == ["Observer"]
+    assert run(python, "import verl_npu_autopatch; print(verl_npu_autopatch.__file__)", fixtures=False).stdout.startswith(
+        str(root / "src")
+    )
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "verl-npu-autopatch"], check=True)
+    purelib = site_packages(python)
+    assert not [p.name for p in purelib.iterdir() if "verl_npu_autopatch" in p.name]
+    assert run_json(python, OBSERVERS, fixtures=False) == []
+
+
+def test_wheel_install_with_uv_and_uninstall(tmp_path: Path, wheel: Path, base_python: Path) -> None:
+    uv = Path(sys.executable).parent / "uv"
+    env = tmp_path / "uv-env"
+    subprocess.run([str(base_python), "-m", "venv", str(env)], check=True)
+    python = env / "bin" / "python"
+    subprocess.run([str(uv), "pip", "install", "-q", "--python", str(python), str(wheel)], check=True)
+    assert run_json(python, OBSERVERS, fixtures=False) == ["Observer"]
+    subprocess.run([str(uv), "pip", "uninstall", "-q", "--python", str(python), "verl-npu-autopatch"], check=True)
+    assert not [p.name for p in site_packages(python).iterdir() if "verl_npu_autopatch" in p.name]
+    assert json.loads(run(python, OBSERVERS, fixtures=False).stdout) == []
