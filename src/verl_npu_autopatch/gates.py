@@ -68,14 +68,18 @@ def plan(patch: Patch, config: Config) -> Plan:
         return Plan("gated", failure, versions, ())
     if patch.device == "npu-stack" and config.device != "npu" and not probes.npu_stack_installed():
         return Plan("gated", "needs the NPU stack (torch_npu)", versions, ())
-    variants, reasons = [], []
+    variants, failures = [], {}
     for target in patch.targets:
-        failure = _first_failure(target.requires, versions)
+        package = target.module.partition(".")[0]
+        failure = "" if probes.findable(package) else f"package {package} is not installed"
+        failure = failure or _first_failure(target.requires, versions)
         if failure:
-            reasons.append(f"{target}: {failure}")
+            failures[str(target)] = failure
         else:
             variants.append(target)
     if not variants:
-        return Plan("gated", "; ".join(reasons), versions, ())
+        distinct = set(failures.values())
+        reason = distinct.pop() if len(distinct) == 1 else "; ".join(f"{t}: {f}" for t, f in failures.items())
+        return Plan("gated", reason, versions, ())
     modules = " or ".join(dict.fromkeys(t.module for t in variants))
     return Plan("pending", f"waiting for {modules}", versions, tuple(variants))

@@ -1,0 +1,122 @@
+"""The command line, run as users run it: the console script and ``python -m`` in venvs with the
+built wheel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from support.children import ROOT, clean_env, run, run_json
+
+REAL_PLUGIN = ROOT / "tests" / "fixtures" / "real_plugin"
+
+
+def cli(python: Path, *args: str, env: dict[str, str] | None = None, pythonpath: Path | None = None):
+    child_env = clean_env(**(env or {}))
+    if pythonpath:
+        child_env["PYTHONPATH"] = str(pythonpath)
+    script = python.parent / "verl-npu-autopatch"
+    return subprocess.run([str(script), *args], env=child_env, capture_output=True, text=True, check=False)
+
+
+def test_status_json_shows_files_configuration_device_and_gates(base_python: Path) -> None:
+    proc = cli(base_python, "status", "--json", env={"VERL_NPU_AUTOPATCH_DEVICE": "bogus"})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert {Path(p).name for p in data["install_files"]} == {"verl_npu_autopatch.pth", "verl_npu_autopatch.start"}
+    assert data["observer_installed"] is True
+    assert data["configuration"]["device"] == "auto"
+    assert any("VERL_NPU_AUTOPATCH_DEVICE='bogus'" in w for w in data["warnings"])
+    assert data["active"] is False and "torch_npu is not installed" in data["inactive_reason"]
+    assert data["distributions"]["wrapt"]
+    # no target was imported to decide
+    assert all(p["state"] in ("inactive", "gated", "disabled") for p in data["patches"])
+
+
+def test_status_does_not_import_targets(base_python: Path) -> None:
+    code = """
+import io, json, sys, contextlib
+from verl_npu_autopatch import cli
+with contextlib.redirect_stdout(io.StringIO()):
+    cli.main(["status"])
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "transformers", "torch"))))
+"""
+    assert run_json(base_python, code, env={"VERL_NPU_AUTOPATCH_DEVICE": "npu"}) == []
+
+
+def test_status_plans_fixture_patches_with_npu_forced(base_python: Path) -> None:
+    proc = run(base_python, "from verl_npu_autopatch.cli import main; main(['status', '--json'])",
+               env={"VERL_NPU_AUTOPATCH_DEVICE": "npu"})
+    plans = {p["name"]: p for p in json.loads(proc.stdout)["patches"]}
+    assert plans["fixture.forward"]["state"] == "would apply"
+    assert plans["fixture.optin"]["state"] == "disabled"
+    assert plans["fixture.gated"]["state"] == "gated"
+    assert plans["fixture.gated"]["reason"] == "needs vllm<0.24; vllm 0.32.0 is installed"
+
+
+def test_python_dash_m_and_console_script_agree(base_python: Path) -> None:
+    module = run(base_python, "import runpy; runpy.run_module('verl_npu_autopatch', run_name='__main__')",
+                 check=False, fixtures=False)
+    assert module.returncode == 2 and "usage: verl-npu-autopatch" in module.stderr
+    listing = subprocess.run([str(base_python), "-m", "verl_npu_autopatch", "list", "--json"],
+                             capture_output=True, text=True, env=clean_env(), check=True)
+    assert json.loads(listing.stdout) == json.loads(cli(base_python, "list", "--json").stdout)
+
+
+def test_docs_patches_md_is_generated_and_current(base_python: Path) -> None:
+    generated = cli(base_python, "list", "--markdown").stdout
+    assert generated.startswith("# Patch catalogue")
+    assert (ROOT / "docs" / "patches.md").read_text() == generated, (
+        "docs/patches.md is stale: run `verl-npu-autopatch list --markdown > docs/patches.md`"
+    )
+
+
+def test_doctor_reports_applied_and_exits_zero(base_python: Path) -> None:
+    proc = cli(base_python, "doctor", "--json", "--device", "npu", pythonpath=ROOT / "tests" / "fixtures" / "site")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)
+    states = {r["name"]: r["state"] for r in data["records"]}
+    assert states["fixture.forward"] == "applied"
+    assert states["fixture.early"] == "applied"  # doctor imports every target, watched or not
+    assert states["fixture.missing"] == "unsupported"
+    assert data["trigger"] == "doctor"
+
+
+def test_doctor_exits_non_zero_on_failure_and_shows_why(base_python: Path) -> None:
+    proc = cli(base_python, "doctor", "--device", "npu", env={"AUTOPATCH_FIXTURE_BROKEN": "1"},
+               pythonpath=ROOT / "tests" / "fixtures" / "site")
+    assert proc.returncode == 1
+    assert "FAILED: fixture.broken" in proc.stdout
+    assert "RuntimeError: boom from the fixture fix" in proc.stdout
+
+
+def test_doctor_on_inert_host(base_python: Path) -> None:
+    proc = cli(base_python, "doctor", "--json")
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 0 and data["status"] == "inactive" and data["records"] == []
+
+
+def test_real_transformers_module_patched_by_entry_point_plugin(hf_python: Path) -> None:
+    """A test-only plugin registered through the entry-point group patches the real
+    ``transformers.models.qwen2.modeling_qwen2`` on import, and ``doctor --json`` from a fresh
+    interpreter reports it applied."""
+    code = """
+import json, torch
+from transformers.models.qwen2 import modeling_qwen2
+import autopatch_real_plugin, verl_npu_autopatch
+norm = modeling_qwen2.Qwen2RMSNorm(8)
+norm(torch.ones(2, 8))
+print(json.dumps([verl_npu_autopatch.report()["plugin.qwen2_rms_norm_counter"].state, autopatch_real_plugin.CALLS[0]]))
+"""
+    # the built-in transformers kernels need torch_npu to run: keep them out of this engine test
+    off = {"VERL_NPU_AUTOPATCH_DISABLE": "transformers"}
+    env = {"VERL_NPU_AUTOPATCH_DEVICE": "npu", "PYTHONPATH": str(REAL_PLUGIN), **off}
+    assert run_json(hf_python, code, env=env, fixtures=False) == ["applied", 1]
+    proc = cli(hf_python, "doctor", "--json", "--device", "npu", env=off, pythonpath=REAL_PLUGIN)
+    data = json.loads(proc.stdout)
+    (record,) = [r for r in data["records"] if r["name"] == "plugin.qwen2_rms_norm_counter"]
+    assert record["state"] == "applied"
+    assert record["target"] == "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm.forward"
+    assert data["pid"] != 0 and proc.returncode in (0, 1)
+    assert proc.returncode == (1 if any(r["state"] == "failed" for r in data["records"]) else 0)
