@@ -8,7 +8,16 @@ from collections.abc import Iterable
 from verl_npu_autopatch.spec import Patch
 
 #: Built-in patch families, in catalogue order; each module exposes ``PATCHES``.
-FAMILIES: tuple[str, ...] = ()
+FAMILIES: tuple[str, ...] = (
+    "vllm_moe",
+    "vllm_rotary",
+    "transformers_npu",
+    "liger",
+    "ascend_glm52",
+    "ascend_camem",
+    "ascend_capture",
+    "vllm_engine",
+)
 
 #: Entry-point group for third-party patch specs. An entry point may name a ``Patch``, an
 #: iterable of them, or a zero-argument callable returning either.

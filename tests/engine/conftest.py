@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support import venvs  # noqa: E402
+from support import venvs
 
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 

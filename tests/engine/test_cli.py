@@ -46,8 +46,11 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "t
 
 
 def test_status_plans_fixture_patches_with_npu_forced(base_python: Path) -> None:
-    proc = run(base_python, "from verl_npu_autopatch.cli import main; main(['status', '--json'])",
-               env={"VERL_NPU_AUTOPATCH_DEVICE": "npu"})
+    proc = run(
+        base_python,
+        "from verl_npu_autopatch.cli import main; main(['status', '--json'])",
+        env={"VERL_NPU_AUTOPATCH_DEVICE": "npu"},
+    )
     plans = {p["name"]: p for p in json.loads(proc.stdout)["patches"]}
     assert plans["fixture.forward"]["state"] == "would apply"
     assert plans["fixture.optin"]["state"] == "disabled"
@@ -56,11 +59,20 @@ def test_status_plans_fixture_patches_with_npu_forced(base_python: Path) -> None
 
 
 def test_python_dash_m_and_console_script_agree(base_python: Path) -> None:
-    module = run(base_python, "import runpy; runpy.run_module('verl_npu_autopatch', run_name='__main__')",
-                 check=False, fixtures=False)
+    module = run(
+        base_python,
+        "import runpy; runpy.run_module('verl_npu_autopatch', run_name='__main__')",
+        check=False,
+        fixtures=False,
+    )
     assert module.returncode == 2 and "usage: verl-npu-autopatch" in module.stderr
-    listing = subprocess.run([str(base_python), "-m", "verl_npu_autopatch", "list", "--json"],
-                             capture_output=True, text=True, env=clean_env(), check=True)
+    listing = subprocess.run(
+        [str(base_python), "-m", "verl_npu_autopatch", "list", "--json"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        check=True,
+    )
     assert json.loads(listing.stdout) == json.loads(cli(base_python, "list", "--json").stdout)
 
 
@@ -84,8 +96,14 @@ def test_doctor_reports_applied_and_exits_zero(base_python: Path) -> None:
 
 
 def test_doctor_exits_non_zero_on_failure_and_shows_why(base_python: Path) -> None:
-    proc = cli(base_python, "doctor", "--device", "npu", env={"AUTOPATCH_FIXTURE_BROKEN": "1"},
-               pythonpath=ROOT / "tests" / "fixtures" / "site")
+    proc = cli(
+        base_python,
+        "doctor",
+        "--device",
+        "npu",
+        env={"AUTOPATCH_FIXTURE_BROKEN": "1"},
+        pythonpath=ROOT / "tests" / "fixtures" / "site",
+    )
     assert proc.returncode == 1
     assert "FAILED: fixture.broken" in proc.stdout
     assert "RuntimeError: boom from the fixture fix" in proc.stdout

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from support.children import NPU_STACK, run, run_json
 
 NPU = {"VERL_NPU_AUTOPATCH_DEVICE": "npu"}

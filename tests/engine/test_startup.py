@@ -114,9 +114,9 @@ def test_editable_install_and_uninstall(tmp_path: Path, base_python: Path) -> No
     pip = [str(python), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "-e", str(root)], check=True, capture_output=True)
     assert run_json(python, OBSERVERS, fixtures=False) == ["Observer"]
-    assert run(python, "import verl_npu_autopatch; print(verl_npu_autopatch.__file__)", fixtures=False).stdout.startswith(
-        str(root / "src")
-    )
+    assert run(
+        python, "import verl_npu_autopatch; print(verl_npu_autopatch.__file__)", fixtures=False
+    ).stdout.startswith(str(root / "src"))
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "verl-npu-autopatch"], check=True)
     purelib = site_packages(python)
     assert not [p.name for p in purelib.iterdir() if "verl_npu_autopatch" in p.name]

@@ -69,7 +69,10 @@ def build_wheel() -> Path:
     for old in DIST.glob("verl_npu_autopatch-*.whl"):
         old.unlink()
     isolation = [] if importlib.util.find_spec("hatchling") is None else ["--no-build-isolation"]
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", DIST, ROOT], stdout=subprocess.DEVNULL)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", DIST, ROOT],
+        stdout=subprocess.DEVNULL,
+    )
     (wheel,) = DIST.glob("verl_npu_autopatch-*.whl")
     return wheel
 
