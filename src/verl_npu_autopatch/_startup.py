@@ -24,9 +24,10 @@ def switched_off() -> bool:
 class Observer:
     """Meta-path finder that finds nothing itself; it only notices the first watched import.
 
-    On that import it removes itself and hands back the real spec with an :class:`Awakening`
-    loader, so the engine is activated while the package *loads* rather than inside
-    ``find_spec``, which runs under the interpreter's global import lock.
+    For a watched name it hands back the real spec with an :class:`Awakening` loader, so the
+    engine is activated when the package actually *loads* (a bare ``importlib.util.find_spec``
+    probe activates nothing) and not inside ``find_spec``, which runs under the interpreter's
+    global import lock. Activation removes the observer.
     """
 
     verl_npu_autopatch_observer = True
@@ -37,10 +38,9 @@ class Observer:
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in self.watched:
             return None
-        self.remove()
         for finder in list(sys.meta_path):
             find_spec = getattr(finder, "find_spec", None)
-            if find_spec is None:
+            if finder is self or find_spec is None:
                 continue
             spec = find_spec(fullname, path, target)
             if spec is not None:

@@ -261,3 +261,16 @@ print(json.dumps([verl_npu_autopatch.report().trigger, verl_npu_autopatch.report
     purelib = run(base_python, "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     code = f"import sys; sys.path[:0] = [{os.fspath(purelib)!r}]\n" + code
     assert run_json(base_python, code, args=("-S",), env=NPU, fixtures=False) == ["vllm.general_plugins", "active"]
+
+
+def test_find_spec_probe_does_not_use_up_the_observer(base_python: Path) -> None:
+    # transformers and others probe optional packages with importlib.util.find_spec
+    code = """
+import importlib.util, json
+import verl_npu_autopatch
+spec = importlib.util.find_spec("vllm")
+probed = verl_npu_autopatch.report().status
+import vllm.model
+print(json.dumps([spec is not None, probed, verl_npu_autopatch.report().status, vllm.model.Layer().forward(1)]))
+"""
+    assert run_json(base_python, code, env=NPU) == [True, "not-activated", "active", 12]
