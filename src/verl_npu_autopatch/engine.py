@@ -54,6 +54,7 @@ class Engine:
         self._hooked: set[str] = set()
         self._absent: set[str] = set()
         self._deferred: set[str] = set()
+        self._closed = False
 
     # ----------------------------------------------------------------- activation
     def activate(self, trigger: str = "api") -> None:
@@ -160,6 +161,8 @@ class Engine:
 
     def _on_import(self, module: ModuleType) -> None:
         """wrapt post-import hook: apply every pending patch that targets ``module``."""
+        if self._closed:
+            return
         if self._deferred:
             self._catch_up()
         errors = []
@@ -357,16 +360,25 @@ class Engine:
             done.append(patch_name)
         return done
 
+    def close(self, reason: str = "engine closed") -> None:
+        """Stop acting: patches still pending become ``disabled`` and later imports are ignored
+        (wrapt hooks cannot be unregistered). Applied patches stay; ``revert()`` undoes them."""
+        with self._lock:
+            self._closed = True
+            pending = [r for r in self.records.values() if r.state == "pending"]
+        for record in pending:
+            self._set(record, "disabled", reason)
+
     def yield_to(self, name: str, owner: str) -> bool:
         """Hand patch ``name``'s target to ``owner``: undo it if applied, record ``yielded``.
 
         Returns whether the patch was applied before. Used for arbitration with e.g. Liger-Kernel.
         """
         with self._lock:
-            undo = self._undo.pop(name, None)
             record = self.records.get(name)
-        if record is None:
-            return False
+            if record is None or record.state not in ("pending", "applied"):
+                return False
+            undo = self._undo.pop(name, None)
         if undo is not None:
             undo()
         self._set(record, "yielded", f"target handed to {owner}")

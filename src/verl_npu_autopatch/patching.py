@@ -31,11 +31,15 @@ def set_attribute(owner: Any, name: str, value: Any) -> Undo:
 
     The original is read from ``owner.__dict__`` where it has one, so an inherited attribute is
     removed again on undo rather than copied down, and a ``staticmethod`` stays a ``staticmethod``.
+    The undo acts only while ``value`` is still in place: it never clobbers a later owner of the
+    attribute (e.g. Liger-Kernel rebinding the same name after us).
     """
     original = getattr(owner, "__dict__", {}).get(name, _MISSING)
     setattr(owner, name, value)
 
     def undo() -> None:
+        if getattr(owner, "__dict__", {}).get(name, _MISSING) is not value:
+            return
         if original is _MISSING:
             try:
                 delattr(owner, name)

@@ -1,0 +1,119 @@
+"""In-process checks of engine pieces that need no child interpreter: configuration parsing,
+private engines on throw-away modules, and the undo rules of ``patching``."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_npu_autopatch.config import Config, read_config
+from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.patching import mark, set_attribute
+from verl_npu_autopatch.spec import Patch, Target
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def module_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh importable module ``unit_target_N`` with ``class Box: def value(self): return 1``."""
+    name = f"unit_target_{next(_counter)}"
+    (tmp_path / f"{name}.py").write_text("class Box:\n    def value(self):\n        return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def plus_one_patch(module: str, **kwargs) -> Patch:
+    def fix(site):
+        original = site.value
+        return set_attribute(site.owner, site.attribute, mark(lambda self: original(self) + 1, site.patch.name))
+
+    return Patch("unit.plus_one", "adds one", (Target.parse(f"{module}:Box.value"),), fix, device="any", **kwargs)
+
+
+def test_read_config_defaults_and_values() -> None:
+    config = read_config({})
+    assert (config.enabled, config.device, config.strict, config.log_level) == (True, "auto", False, None)
+    config = read_config(
+        {
+            "VERL_NPU_AUTOPATCH": "off",
+            "VERL_NPU_AUTOPATCH_ENABLE": " a, b ,,",
+            "VERL_NPU_AUTOPATCH_DISABLE": "c",
+            "VERL_NPU_AUTOPATCH_DEVICE": "NPU",
+            "VERL_NPU_AUTOPATCH_STRICT": "yes",
+            "VERL_NPU_AUTOPATCH_LOG": "debug",
+            "VERL_VLLM_ASCEND_GLM52_PATCH": "true",
+        }
+    )
+    assert config.enabled is False and config.device == "npu" and config.strict is True
+    assert config.enable == {"a", "b", "glm52"} and config.disable == {"c"} and config.log_level == "DEBUG"
+    assert config.warnings == ()
+
+
+def test_bad_values_warn_once_each_and_keep_defaults() -> None:
+    config = read_config({"VERL_NPU_AUTOPATCH_DEVICE": "gpu", "VERL_VLLM_ASCEND_GLM52_PATCH": "sure"})
+    assert config.device == "auto" and "glm52" not in config.enable
+    device, legacy = config.warnings
+    assert "VERL_NPU_AUTOPATCH_DEVICE='gpu'" in device and "accepted values: auto (default) / npu / none" in device
+    assert legacy.startswith("VERL_VLLM_ASCEND_GLM52_PATCH='sure' is not understood; accepted values: 1 / true")
+
+
+def test_close_disables_pending_and_ignores_later_imports(module_name: str) -> None:
+    engine = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    engine.activate("unit")
+    engine.close("done")
+    module = __import__(module_name)
+    assert module.Box().value() == 1
+    assert engine.report()["unit.plus_one"].state == "disabled"
+
+
+def test_yield_to_only_takes_pending_or_applied(module_name: str) -> None:
+    engine = Engine([plus_one_patch(module_name, requires=("nosuchdist>=1",))], Config(device="npu"))
+    engine.activate("unit")
+    assert engine.report()["unit.plus_one"].state == "gated"
+    assert engine.yield_to("unit.plus_one", "someone") is False
+    assert engine.report()["unit.plus_one"].state == "gated"
+
+
+def test_yield_to_reverts_an_applied_patch(module_name: str) -> None:
+    engine = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    engine.activate("unit")
+    module = __import__(module_name)
+    assert module.Box().value() == 2
+    assert engine.yield_to("unit.plus_one", "liger-kernel (apply_x)") is True
+    record = engine.report()["unit.plus_one"]
+    assert (record.state, record.reason) == ("yielded", "target handed to liger-kernel (apply_x)")
+    assert module.Box().value() == 1
+
+
+def test_undo_never_clobbers_a_later_owner() -> None:
+    class Owner:
+        def method(self) -> str:
+            return "upstream"
+
+    original = Owner.__dict__["method"]
+    undo = set_attribute(Owner, "method", lambda self: "ours")
+    later = Owner.method = lambda self: "theirs"  # e.g. Liger-Kernel after us
+    undo()
+    assert Owner.__dict__["method"] is later
+    undo2 = set_attribute(Owner, "method", lambda self: "ours again")
+    undo2()
+    assert Owner.__dict__["method"] is later and original is not later
+
+
+def test_undo_removes_an_attribute_that_was_inherited() -> None:
+    class Base:
+        def method(self) -> str:
+            return "base"
+
+    class Child(Base):
+        pass
+
+    undo = set_attribute(Child, "method", lambda self: "ours")
+    assert Child().method() == "ours"
+    undo()
+    assert "method" not in vars(Child) and Child().method() == "base"
