@@ -1,0 +1,261 @@
+"""Replacement forwards for the transformers Qwen families, built on torch_npu fused kernels.
+
+Imported only by ``transformers_npu`` fixes, i.e. once a modeling module (and therefore torch) is
+loaded. ``torch_npu`` itself is imported on the first call of a replacement, never at import.
+
+Every factory receives the original callable and what the structural probe found (attribute
+names, layout) and returns a replacement that keeps the original's metadata. Replacements fall
+back to the original when an instance does not fit the kernel (a non-SiLU activation, biased or
+interleaved experts, expert parallelism), so a surprising configuration is slow, never wrong.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+_torch_npu: Any = None
+
+
+def npu() -> Any:
+    """``torch_npu``, imported on first use."""
+    global _torch_npu
+    if _torch_npu is None:
+        import torch_npu
+
+        _torch_npu = torch_npu
+    return _torch_npu
+
+
+_SILU_TYPES = ("SiLU", "SiLUActivation")
+
+
+def is_silu(act: Any) -> bool:
+    """Whether an MLP's ``act_fn`` computes SiLU (``nn.SiLU``, transformers' ``SiLUActivation``)."""
+    return act is F.silu or isinstance(act, torch.nn.SiLU) or type(act).__name__ in _SILU_TYPES
+
+
+# --------------------------------------------------------------------------- RMSNorm
+def rms_norm(original: Callable, eps_attr: str, offset: bool) -> Callable:
+    """``npu_rms_norm`` replacement of an RMSNorm forward.
+
+    ``offset=False``: Llama/Qwen2 style, ``weight * normalize(x)`` in the promoted dtype of
+    input and weight. ``offset=True``: Qwen3-Next/Qwen3.5 style, ``normalize(x) * (1 + weight)``
+    in fp32, cast back to the input dtype.
+    """
+    if offset:
+
+        @functools.wraps(original)
+        def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+            gamma = 1.0 + self.weight.float()
+            out = npu().npu_rms_norm(hidden_states.float(), gamma, epsilon=getattr(self, eps_attr))[0]
+            return out.type_as(hidden_states)
+
+        return forward
+
+    @functools.wraps(original)
+    def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        dtype = torch.promote_types(hidden_states.dtype, weight.dtype)
+        return npu().npu_rms_norm(hidden_states.to(dtype), weight.to(dtype), epsilon=getattr(self, eps_attr))[0]
+
+    return forward
+
+
+def rms_norm_gated(original: Callable, eps_attr: str) -> Callable:
+    """``npu_rms_norm`` replacement of a gated RMSNorm: ``weight * normalize(x) * silu(gate)``,
+    normalised before gating, result in the input dtype."""
+
+    @functools.wraps(original)
+    def forward(self: Any, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        if gate is None or getattr(self, "activation", "silu") not in ("silu", "swish"):
+            return original(self, hidden_states, gate)
+        dtype = hidden_states.dtype
+        out = npu().npu_rms_norm(hidden_states.float(), self.weight.float(), epsilon=getattr(self, eps_attr))[0]
+        return (out * F.silu(gate.float())).to(dtype)
+
+    return forward
+
+
+# --------------------------------------------------------------------------- SwiGLU MLP
+def swiglu_mlp(original: Callable) -> Callable:
+    """``npu_swiglu`` replacement of ``down(act(gate(x)) * up(x))`` when ``act`` is SiLU."""
+
+    @functools.wraps(original)
+    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        if not is_silu(self.act_fn):
+            return original(self, x)
+        fused = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+        return self.down_proj(npu().npu_swiglu(fused, dim=-1))
+
+    return forward
+
+
+# --------------------------------------------------------------------------- rotary
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on the leading ``cos.shape[-1]`` channels; the rest passes through."""
+    rotary_dim = cos.shape[-1]
+    mul = npu().npu_rotary_mul
+    if rotary_dim == x.shape[-1]:
+        return mul(x, cos.to(x.dtype), sin.to(x.dtype))
+    rotated = mul(x[..., :rotary_dim], cos.to(x.dtype), sin.to(x.dtype))
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def rotary(original: Callable, legacy_position_ids: bool) -> Callable:
+    """``npu_rotary_mul`` replacement of ``apply_rotary_pos_emb`` (full or partial rotary dim).
+
+    ``legacy_position_ids``: the original signature is ``(q, k, cos, sin, position_ids=None,
+    unsqueeze_dim=1)`` (older transformers) rather than ``(q, k, cos, sin, unsqueeze_dim=1)``.
+    """
+    if legacy_position_ids:
+
+        @functools.wraps(original)
+        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+            return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+        return apply_rotary_pos_emb
+
+    @functools.wraps(original)
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    return apply_rotary_pos_emb
+
+
+# --------------------------------------------------------------------------- MoE
+class GroupedMatmul(torch.autograd.Function):
+    """``y[rows of group e] = x[rows of group e] @ weight[e]`` with ``npu_grouped_matmul``.
+
+    ``x``: ``[M, K]`` rows sorted by group; ``weight``: ``[E, K, N]``; ``counts``: ``[E]`` rows
+    per group (``group_list_type=1``). Backward: ``dx`` is the same grouped matmul of ``dy`` with
+    each ``weight[e]`` transposed; ``dweight[e] = x_e^T @ dy_e``, a grouped matmul split along K
+    (``group_type=2``), zero for an empty group.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight, counts)
+        return npu().npu_grouped_matmul(
+            [x], [weight], group_list=counts, split_item=2, group_type=0, group_list_type=1
+        )[0]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        x, weight, counts = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_x = npu().npu_grouped_matmul(
+                [grad],
+                [weight.transpose(1, 2).contiguous()],
+                group_list=counts,
+                split_item=2,
+                group_type=0,
+                group_list_type=1,
+            )[0]
+        if ctx.needs_input_grad[1]:
+            grad_w = npu().npu_grouped_matmul(
+                [x.t().contiguous()], [grad], group_list=counts, split_item=3, group_type=2, group_list_type=1
+            )[0]
+        return grad_x, grad_w, None
+
+
+def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Differentiable grouped matmul (see :class:`GroupedMatmul`)."""
+    return GroupedMatmul.apply(x, weight, counts)
+
+
+def routed_experts(
+    tokens: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    """SwiGLU experts over routed tokens: permute → GMM(gate_up) → swiglu → GMM(down) → unpermute.
+
+    ``tokens``: ``[T, H]``; ``top_k_index``/``top_k_weights``: ``[T, K]``; ``gate_up``:
+    ``[E, H, 2I]`` (gate columns first); ``down``: ``[E, I, H]``. Returns ``[T, H]``, each token the
+    routing-weighted sum of its experts' outputs.
+    """
+    ops = npu()
+    num_experts = gate_up.shape[0]
+    permuted, sorted_indices = ops.npu_moe_token_permute(tokens, top_k_index.to(torch.int32))
+    counts = torch.bincount(top_k_index.reshape(-1), minlength=num_experts).to(torch.int64)
+    hidden = grouped_matmul(permuted, gate_up, counts)
+    hidden = grouped_matmul(ops.npu_swiglu(hidden, dim=-1), down, counts)
+    out = ops.npu_moe_token_unpermute(hidden, sorted_indices, probs=top_k_weights.to(hidden.dtype))
+    return out.to(tokens.dtype)
+
+
+def fused_experts(original: Callable, transposed: bool) -> Callable:
+    """Replacement of a fused ``Experts.forward(hidden_states, top_k_index, top_k_weights)``.
+
+    ``transposed=False``: ``gate_up_proj`` is ``[E, 2I, H]`` and ``down_proj`` ``[E, H, I]``
+    (``F.linear`` layout); ``True``: ``[E, H, 2I]`` and ``[E, I, H]``. Falls back to the original
+    for a non-SiLU activation, bias, interleaved gate/up, no gate, or expert parallelism.
+    """
+
+    @functools.wraps(original)
+    def forward(
+        self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        if (
+            not is_silu(getattr(self, "act_fn", None))
+            or getattr(self, "has_bias", False)
+            or not getattr(self, "has_gate", True)
+            or not getattr(self, "is_concatenated", True)
+            or getattr(self, "_is_expert_parallel", False)
+        ):
+            return original(self, hidden_states, top_k_index, top_k_weights)
+        flip = getattr(self, "is_transposed", transposed)
+        gate_up = self.gate_up_proj if flip else self.gate_up_proj.transpose(1, 2)
+        down = self.down_proj if flip else self.down_proj.transpose(1, 2)
+        return routed_experts(hidden_states, top_k_index, top_k_weights, gate_up.contiguous(), down.contiguous())
+
+    return forward
+
+
+def _expert_fits(expert: Any) -> bool:
+    return all(
+        getattr(getattr(expert, n, None), "bias", 1) is None for n in ("gate_proj", "up_proj", "down_proj")
+    ) and is_silu(getattr(expert, "act_fn", None))
+
+
+def legacy_moe_block(original: Callable) -> Callable:
+    """Replacement of a legacy sparse-MoE block forward (transformers 4.x): ``gate`` is a linear
+    router, ``experts`` a ``ModuleList`` of per-expert SwiGLU MLPs; returns ``(hidden, logits)``.
+    A block with a ``shared_expert`` (Qwen3-Next) adds ``sigmoid(shared_expert_gate(x)) *
+    shared_expert(x)``.
+    """
+
+    @functools.wraps(original)
+    def forward(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        experts = self.experts
+        if not all(_expert_fits(expert) for expert in experts):
+            return original(self, hidden_states)
+        batch, seq, hidden = hidden_states.shape
+        tokens = hidden_states.view(-1, hidden)
+        router_logits = self.gate(tokens)
+        probs = F.softmax(router_logits, dim=1, dtype=torch.float)
+        weights, index = torch.topk(probs, self.top_k, dim=-1)
+        if getattr(self, "norm_topk_prob", False):
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(tokens.dtype)
+        gate_up = torch.stack([torch.cat((e.gate_proj.weight, e.up_proj.weight), dim=0) for e in experts])
+        down = torch.stack([e.down_proj.weight for e in experts])
+        out = routed_experts(
+            tokens, index, weights, gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
+        )
+        if getattr(self, "shared_expert", None) is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(tokens)) * self.shared_expert(tokens)
+        return out.view(batch, seq, hidden), router_logits
+
+    return forward

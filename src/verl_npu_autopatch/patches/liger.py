@@ -1,0 +1,178 @@
+"""Automatic arbitration with Liger-Kernel: one owner per target, in either order.
+
+Liger first: every ``transformers_npu`` patch carries the ``liger_owner`` detector and records
+``yielded`` when the live target already comes from liger_kernel.
+
+Liger after us: this patch wraps liger's ``apply_liger_kernel_to_<family>`` functions for our
+families — the module attributes *and* the entries of ``MODEL_TYPE_TO_APPLY_LIGER_FN``, which
+``_apply_liger_kernel_to_instance`` (verl's call) and ``_apply_liger_kernel`` look up. Before
+Liger runs, the wrapper hands over (``Engine.yield_to``: revert, record ``yielded`` naming the
+Liger function) each of our patches on that model whose kernel Liger is switched on for
+(``rms_norm`` → RMSNorm, ``swiglu`` → MLP and experts, ``rope`` → rotary). Kernels Liger has no
+switch for stay ours unless Liger took the target anyway, which is checked after it returns.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from verl_npu_autopatch.patches import transformers_npu
+from verl_npu_autopatch.patching import marked_by, parameter_names
+from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
+
+NAME = "liger.arbitration"
+MODULE = "liger_kernel.transformers.monkey_patch"
+TABLE = "MODEL_TYPE_TO_APPLY_LIGER_FN"
+DISPATCHERS = ("_apply_liger_kernel_to_instance", "_apply_liger_kernel")
+
+#: Our kernel kind -> the Liger switch that replaces the same target.
+LIGER_SWITCH = {"rms_norm": "rms_norm", "mlp": "swiglu", "experts": "swiglu", "rotary": "rope"}
+
+_via = threading.local()
+
+
+def _apply_functions(module: Any) -> dict[str, Callable]:
+    """Our family -> liger's ``apply_liger_kernel_to_<family>`` present in ``module``."""
+    found = {}
+    for family in transformers_npu.MODELS:
+        fn = getattr(module, f"apply_liger_kernel_to_{family}", None)
+        if callable(fn):
+            found[family] = fn
+    return found
+
+
+def check(site: Site) -> Verdict:
+    """Liger's monkey_patch must have the dispatch table, the instance entry point taking
+    ``model`` first, and apply functions for at least one of our families."""
+    module = site.module
+    if not isinstance(getattr(module, TABLE, None), dict):
+        return unsupported(f"{MODULE}.{TABLE} (a dict)", type(getattr(module, TABLE, None)).__name__)
+    names = parameter_names(site.value) or ()
+    if names[:1] != ("model",):
+        return unsupported("_apply_liger_kernel_to_instance(model, **kwargs)", f"({', '.join(names)})")
+    if not _apply_functions(module):
+        return unsupported("apply_liger_kernel_to_<qwen family> functions", "none")
+    return APPLY
+
+
+def _liger_took(target: str) -> bool:
+    """Whether the live ``module:qualname`` (or the class holding it) now comes from liger_kernel."""
+    module_name, _, qualname = target.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    if obj is None or not qualname:
+        return False
+    holders = []
+    for part in qualname.split("."):
+        holders.append(obj)
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False
+    return any(transformers_npu._module_of(o).split(".")[0] == "liger_kernel" for o in [obj, *holders[1:]])
+
+
+def _wrap_apply(original: Callable, family: str, engine: Any, name: str) -> Callable:
+    try:
+        signature: inspect.Signature | None = inspect.signature(original)
+    except (TypeError, ValueError):
+        signature = None
+    ours = [(kind, transformers_npu.patch_name(family, kind)) for kind in transformers_npu.kinds(family)]
+
+    @functools.wraps(original)
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        via = getattr(_via, "name", None)
+        owner = f"liger-kernel ({via + ' -> ' if via else ''}{original.__name__})"
+        switches: dict[str, Any] = {}
+        if signature is not None:
+            try:
+                bound = signature.bind_partial(*args, **kwargs)
+                bound.apply_defaults()
+                switches = dict(bound.arguments)
+            except TypeError:
+                switches = {}
+        kept = []
+        for kind, patch in ours:
+            switch = LIGER_SWITCH.get(kind)
+            if switch is not None and switch in switches:
+                if switches[switch]:
+                    engine.yield_to(patch, owner)
+            else:
+                kept.append(patch)
+        result = original(*args, **kwargs)
+        for patch in kept:
+            record = engine.records.get(patch)
+            if record is not None and record.state == "applied" and _liger_took(record.target):
+                engine.yield_to(patch, owner)
+        return result
+
+    return apply
+
+
+def _wrap_dispatcher(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        outer = getattr(_via, "name", None)
+        _via.name = outer or original.__name__
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _via.name = outer
+
+    return dispatch
+
+
+def fix(site: Site) -> Undo:
+    """Wrap the apply functions (attributes and dispatch-table entries) and the dispatchers."""
+    module, engine, name = site.module, site.engine, site.patch.name
+    undos: list[Undo] = []
+    wrapped: dict[int, Callable] = {}
+    for family, fn in _apply_functions(module).items():
+        if marked_by(fn) == name:
+            continue
+        wrapper = _wrap_apply(fn, family, engine, name)
+        wrapped[id(fn)] = wrapper
+        undos.append(transformers_npu.install(module, fn.__name__, wrapper, name))
+    table = getattr(module, TABLE)
+    for key, fn in list(table.items()):
+        wrapper = wrapped.get(id(fn))
+        if wrapper is not None:
+            table[key] = wrapper
+            undos.append(_table_undo(table, key, fn, wrapper))
+    for dispatcher in DISPATCHERS:
+        fn = getattr(module, dispatcher, None)
+        if callable(fn) and marked_by(fn) != name:
+            undos.append(transformers_npu.install(module, dispatcher, _wrap_dispatcher(fn), name))
+
+    def undo() -> None:
+        for step in reversed(undos):
+            step()
+
+    return undo
+
+
+def _table_undo(table: dict, key: str, original: Callable, wrapper: Callable) -> Undo:
+    def undo() -> None:
+        if table.get(key) is wrapper:
+            table[key] = original
+
+    return undo
+
+
+PATCHES: list[Patch] = [
+    Patch(
+        name=NAME,
+        summary="Hand our transformers kernels to Liger-Kernel when it is applied to the same model.",
+        reference="https://github.com/volcengine/verl/pull/6244",
+        groups=("transformers", "liger"),
+        targets=(Target(MODULE, DISPATCHERS[0]),),
+        requires=("liger-kernel",),
+        device="npu-device",
+        default=True,
+        check=check,
+        fix=fix,
+    )
+]

@@ -1,0 +1,299 @@
+"""torch_npu fused kernels for the transformers Qwen families (verl's ``npu_patch``, made lazy).
+
+One patch per (family, kernel) — ``transformers.qwen3.rms_norm``, ``transformers.qwen3.mlp``,
+``transformers.qwen3.rotary``, ``transformers.qwen3_moe.experts`` … — generated from the table
+``MODELS``. Per-kernel names keep the report readable, let ``VERL_NPU_AUTOPATCH_DISABLE`` turn
+off one kernel, and let the Liger-Kernel arbitration (``patches/liger.py``) hand over exactly the
+targets Liger takes (Liger has no gated RMSNorm, so ours stays). Each family is also a group
+(``transformers.qwen3``).
+
+Each patch applies when its modeling module is imported; a family that is never imported costs
+nothing beyond its hook. Nothing is guessed from versions: every check probes the live code
+(signature, source fingerprint, attribute names, weight layout) and records ``unsupported``
+with what it expected and found. Kernels live in ``_npu_kernels`` (imported at fix time only).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from typing import Any
+
+from verl_npu_autopatch.patching import describe, mark, normalized_source, parameter_names, set_attribute
+from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
+
+REFERENCE = "https://github.com/volcengine/verl/blob/main/verl/models/transformers/npu_patch.py"
+GROUP = "transformers"
+
+#: family -> ((kind, qualname variants), ...). Kinds: ``rms_norm`` (plain or ``(1+w)``, probed),
+#: ``rms_norm_gated``, ``mlp``/``vision_mlp`` (SwiGLU), ``rotary`` (full or partial, probed),
+#: ``experts`` (fused experts, or a legacy per-expert sparse-MoE block as the second variant).
+MODELS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "qwen2": (
+        ("rms_norm", ("Qwen2RMSNorm.forward",)),
+        ("mlp", ("Qwen2MLP.forward",)),
+        ("rotary", ("apply_rotary_pos_emb",)),
+    ),
+    "qwen2_5_vl": (
+        ("rms_norm", ("Qwen2_5_VLRMSNorm.forward", "Qwen2RMSNorm.forward")),
+        ("mlp", ("Qwen2MLP.forward",)),
+        ("vision_mlp", ("Qwen2_5_VLMLP.forward",)),
+    ),
+    "qwen3": (
+        ("rms_norm", ("Qwen3RMSNorm.forward",)),
+        ("mlp", ("Qwen3MLP.forward",)),
+        ("rotary", ("apply_rotary_pos_emb",)),
+    ),
+    "qwen3_moe": (
+        ("rms_norm", ("Qwen3MoeRMSNorm.forward",)),
+        ("mlp", ("Qwen3MoeMLP.forward",)),
+        ("rotary", ("apply_rotary_pos_emb",)),
+        ("experts", ("Qwen3MoeExperts.forward", "Qwen3MoeSparseMoeBlock.forward")),
+    ),
+    "qwen3_vl": (
+        ("rms_norm", ("Qwen3VLTextRMSNorm.forward",)),
+        ("mlp", ("Qwen3VLTextMLP.forward",)),
+        ("rotary", ("apply_rotary_pos_emb",)),
+    ),
+    "qwen3_vl_moe": (
+        ("rms_norm", ("Qwen3VLMoeTextRMSNorm.forward",)),
+        ("mlp", ("Qwen3VLMoeTextMLP.forward",)),
+        ("rotary", ("apply_rotary_pos_emb",)),
+        ("experts", ("Qwen3VLMoeTextExperts.forward", "Qwen3VLMoeTextSparseMoeBlock.forward")),
+    ),
+    "qwen3_next": (
+        ("rms_norm", ("Qwen3NextRMSNorm.forward",)),
+        ("rms_norm_gated", ("Qwen3NextRMSNormGated.forward",)),
+        ("mlp", ("Qwen3NextMLP.forward",)),
+        ("rotary", ("apply_rotary_pos_emb",)),
+        ("experts", ("Qwen3NextExperts.forward", "Qwen3NextSparseMoeBlock.forward")),
+    ),
+    "qwen3_5": (
+        ("rms_norm", ("Qwen3_5RMSNorm.forward",)),
+        ("rms_norm_gated", ("Qwen3_5RMSNormGated.forward",)),
+        ("mlp", ("Qwen3_5MLP.forward",)),
+        ("rotary", ("apply_rotary_pos_emb",)),
+    ),
+    "qwen3_5_moe": (
+        ("rms_norm", ("Qwen3_5MoeRMSNorm.forward",)),
+        ("rms_norm_gated", ("Qwen3_5MoeRMSNormGated.forward",)),
+        ("mlp", ("Qwen3_5MoeMLP.forward",)),
+        ("rotary", ("apply_rotary_pos_emb",)),
+        ("experts", ("Qwen3_5MoeExperts.forward",)),
+    ),
+}
+
+_SUMMARIES = {
+    "rms_norm": "RMSNorm via torch_npu.npu_rms_norm (plain or (1+w) offset, probed).",
+    "rms_norm_gated": "Gated RMSNorm (norm, then silu(gate)) via torch_npu.npu_rms_norm.",
+    "mlp": "SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
+    "vision_mlp": "Vision SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
+    "rotary": "apply_rotary_pos_emb via torch_npu.npu_rotary_mul (full or partial rotary dim).",
+    "experts": "MoE experts via npu_moe_token_permute/unpermute + npu_grouped_matmul (custom backward).",
+}
+
+
+def module_name(family: str) -> str:
+    """The modeling module of ``family`` (``transformers.models.qwen3.modeling_qwen3``)."""
+    return f"transformers.models.{family}.modeling_{family}"
+
+
+def patch_name(family: str, kind: str) -> str:
+    return f"{GROUP}.{family}.{kind}"
+
+
+# --------------------------------------------------------------------------- Liger detector
+def _module_of(obj: Any) -> str:
+    return getattr(getattr(obj, "__func__", obj), "__module__", None) or ""
+
+
+def liger_owner(site: Site) -> str | None:
+    """``"liger-kernel (<function>)"`` when the live target comes from liger_kernel, else ``None``
+    (the value itself, or the class holding it when Liger rebound the class name)."""
+    candidates = [site.value]
+    if isinstance(site.owner, type):
+        candidates.append(site.owner)
+    for obj in candidates:
+        if _module_of(obj).split(".")[0] == "liger_kernel":
+            return f"liger-kernel ({describe(site.value)})"
+    return None
+
+
+# --------------------------------------------------------------------------- probes
+_EPS = re.compile(r"rsqrt\(.*?\+self\.(\w+)\)")
+_OFFSET = re.compile(r"\(1(?:\.0)?\+self\.weight")
+_GATED = re.compile(r"\*(?:ACT2FN\[self\.activation\]|F\.silu|nn\.functional\.silu|self\.act_fn)\(gate")
+_GATE_UP = re.compile(r"self\.gate_up_proj=nn\.Parameter\(torch\.\w+\(([^,]+),([^,]+),([^,)]+)\)")
+
+
+class Unfit(Exception):
+    """The live target does not have the expected shape; ``args`` = (expected, found)."""
+
+
+def _source(obj: Any, what: str) -> str:
+    text = normalized_source(obj)
+    if text is None:
+        raise Unfit(f"inspectable source of {what}", "no source")
+    return text
+
+
+def _params(value: Any) -> tuple[str, ...]:
+    names = parameter_names(value)
+    if names is None:
+        raise Unfit("a callable with an inspectable signature", repr(value))
+    return names
+
+
+def _eps_attr(cls_source: str) -> str:
+    found = _EPS.search(cls_source)
+    if not found:
+        raise Unfit("an rsqrt(... + self.<eps>) normalisation", "none in the class source")
+    return found.group(1)
+
+
+def _require_class(site: Site) -> type:
+    if not isinstance(site.owner, type):
+        raise Unfit("a class holding forward", type(site.owner).__name__)
+    return site.owner
+
+
+def probe(kind: str, site: Site) -> dict[str, Any]:
+    """What the fix needs to know about the live target; raises :class:`Unfit` when it does not
+    look like code the kernel reproduces."""
+    value = site.value
+    names = _params(value)
+    if kind == "rotary":
+        if names[:4] != ("q", "k", "cos", "sin") or names[4:] not in (
+            ("unsqueeze_dim",),
+            ("position_ids", "unsqueeze_dim"),
+        ):
+            raise Unfit("(q, k, cos, sin[, position_ids], unsqueeze_dim)", f"({', '.join(names)})")
+        source = _source(value, "apply_rotary_pos_emb")
+        if "rotate_half(q" not in source or "repeat_interleave" in source:
+            raise Unfit("rotate-half (NeoX) rotary", "another rotary formula")
+        return {"legacy_position_ids": "position_ids" in names}
+    cls = _require_class(site)
+    cls_source = _source(cls, cls.__qualname__)
+    if kind == "rms_norm":
+        if len(names) != 2:
+            raise Unfit("forward(self, hidden_states)", f"forward({', '.join(names)})")
+        offset = bool(_OFFSET.search(cls_source))
+        if not offset and "self.weight*" not in cls_source:
+            raise Unfit("an RMSNorm scaling by self.weight or (1 + self.weight)", "neither")
+        return {"eps_attr": _eps_attr(cls_source), "offset": offset}
+    if kind == "rms_norm_gated":
+        if len(names) != 3 or names[2] != "gate":
+            raise Unfit("forward(self, hidden_states, gate)", f"forward({', '.join(names)})")
+        eps_attr = _eps_attr(cls_source)
+        gated = _GATED.search(cls_source)
+        if not gated or gated.start() < cls_source.index("rsqrt("):
+            raise Unfit("normalise, then multiply by silu(gate)", "a different gating order or activation")
+        return {"eps_attr": eps_attr}
+    if kind in ("mlp", "vision_mlp"):
+        if len(names) != 2:
+            raise Unfit("forward(self, x)", f"forward({', '.join(names)})")
+        x = names[1]
+        expected = f"self.down_proj(self.act_fn(self.gate_proj({x}))*self.up_proj({x}))"
+        if expected not in _source(value, "forward"):
+            raise Unfit("down_proj(act_fn(gate_proj(x)) * up_proj(x))", "another MLP body")
+        return {}
+    if kind == "experts":
+        if names == ("self", "hidden_states", "top_k_index", "top_k_weights"):
+            layout = _GATE_UP.search(cls_source)
+            if not layout or "self.down_proj=nn.Parameter" not in cls_source:
+                raise Unfit("fused 3-D gate_up_proj and down_proj parameters", "no such parameters")
+            dims = [d for d in layout.groups()]
+            if dims[1].startswith("2*"):
+                transposed = False
+            elif dims[2].startswith("2*"):
+                transposed = True
+            else:
+                raise Unfit("gate_up_proj of shape [E, 2I, H] or [E, H, 2I]", f"[{', '.join(dims)}]")
+            forward_source = _source(value, "forward")
+            if ".chunk(2,dim=-1)" not in forward_source or "self.act_fn(gate)*up" not in forward_source:
+                raise Unfit("gate, up = gate_up.chunk(2); act_fn(gate) * up", "another expert body")
+            return {"legacy": False, "transposed": transposed}
+        if names == ("self", "hidden_states") and cls.__name__.endswith("SparseMoeBlock"):
+            forward_source = _source(value, "forward")
+            if (
+                "nn.ModuleList(" not in cls_source
+                or "self.gate=nn.Linear(" not in cls_source
+                or "self.top_k" not in cls_source
+                or "returnfinal_hidden_states,router_logits" not in forward_source
+            ):
+                raise Unfit(
+                    "legacy block: linear gate, ModuleList experts, top_k, returns (hidden, router_logits)",
+                    "another block structure",
+                )
+            return {"legacy": True}
+        raise Unfit(
+            "Experts.forward(self, hidden_states, top_k_index, top_k_weights) or legacy "
+            "SparseMoeBlock.forward(self, hidden_states)",
+            f"{getattr(cls, '__name__', '?')}.forward({', '.join(names)})",
+        )
+    raise Unfit(f"a known kernel kind; got {kind!r}", kind)
+
+
+def check(kind: str, site: Site) -> Verdict:
+    """Apply when the live target has the probed shape, else ``unsupported`` (expected vs found)."""
+    try:
+        probe(kind, site)
+    except Unfit as unfit:
+        expected, found = unfit.args
+        return unsupported(f"{site.target}: {expected}", found)
+    return APPLY
+
+
+def install(owner: Any, attribute: str, replacement: Any, name: str) -> Undo:
+    """Set ``owner.attribute = replacement`` marked with ``name``; the undo never clobbers a later
+    owner (Liger rebinding the same module attribute), see ``patching.set_attribute``."""
+    return set_attribute(owner, attribute, mark(replacement, name))
+
+
+def fix(kind: str, site: Site) -> Undo:
+    """Install the kernel chosen by :func:`probe` on the live target."""
+    from verl_npu_autopatch.patches import _npu_kernels as kernels
+
+    found = probe(kind, site)
+    original = site.value
+    if kind == "rotary":
+        replacement = kernels.rotary(original, found["legacy_position_ids"])
+    elif kind == "rms_norm":
+        replacement = kernels.rms_norm(original, found["eps_attr"], found["offset"])
+    elif kind == "rms_norm_gated":
+        replacement = kernels.rms_norm_gated(original, found["eps_attr"])
+    elif kind in ("mlp", "vision_mlp"):
+        replacement = kernels.swiglu_mlp(original)
+    elif found["legacy"]:
+        replacement = kernels.legacy_moe_block(original)
+    else:
+        replacement = kernels.fused_experts(original, found["transposed"])
+    return install(site.owner, site.attribute, replacement, site.patch.name)
+
+
+def family_patches(family: str, module: str | None = None) -> list[Patch]:
+    """The patches of one family, targeting ``module`` (default: its transformers modeling module)."""
+    module = module or module_name(family)
+    return [
+        Patch(
+            name=patch_name(family, kind),
+            summary=f"{family}: {_SUMMARIES[kind]}",
+            reference=REFERENCE,
+            groups=(GROUP, f"{GROUP}.{family}"),
+            targets=tuple(Target(module, qualname) for qualname in variants),
+            requires=("transformers",),
+            device="npu-device",
+            default=True,
+            check=partial(check, kind),
+            fix=partial(fix, kind),
+            yields_to=(liger_owner,),
+        )
+        for kind, variants in MODELS[family]
+    ]
+
+
+def kinds(family: str) -> tuple[str, ...]:
+    return tuple(kind for kind, _ in MODELS[family])
+
+
+PATCHES: list[Patch] = [patch for family in MODELS for patch in family_patches(family)]

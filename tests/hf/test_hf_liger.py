@@ -1,0 +1,192 @@
+"""Arbitration with the real Liger-Kernel, in either order. Each scenario runs in a fresh child
+interpreter (Liger rebinds transformers module attributes for good); Liger kernels never run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+PRELUDE = textwrap.dedent(
+    """
+    import json, sys
+    from verl_npu_autopatch.config import Config
+    from verl_npu_autopatch.engine import Engine
+    from verl_npu_autopatch.patches import liger, transformers_npu
+    from verl_npu_autopatch.patching import marked_by
+
+    def make_engine():
+        engine = Engine([*transformers_npu.PATCHES, *liger.PATCHES], Config(device="npu"))
+        engine.activate("test")
+        return engine
+
+    def owner(target):
+        module, _, qualname = target.partition(":")
+        obj, holders = sys.modules[module], []
+        for part in qualname.split("."):
+            holders.append(obj)
+            obj = getattr(obj, part)
+        origins = [getattr(getattr(o, "__func__", o), "__module__", "") or "" for o in [obj, *holders[1:]]]
+        if any(o.startswith("liger_kernel") for o in origins):
+            return "liger"
+        return "ours" if marked_by(obj) else "upstream"
+
+    def dump(engine, families, **extra):
+        records = {
+            name: {"state": r.state, "reason": r.reason,
+                   "owner": owner(r.target) if r.target.split(":")[0] in sys.modules else None}
+            for name, r in engine.records.items()
+            if name.split(".")[1] in families or name == "liger.arbitration"
+        }
+        print(json.dumps({"records": records, **extra}))
+
+    def tiny(family, model_cls, config_cls, **extra):
+        import importlib
+        module = importlib.import_module(transformers_npu.module_name(family))
+        config = getattr(module, config_cls)(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, **extra)
+        return getattr(module, model_cls)(config)
+    """
+)
+
+
+def child(code: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def family(records: dict, name: str) -> dict:
+    return {k.rsplit(".", 1)[1]: v for k, v in records.items() if k.startswith(f"transformers.{name}.")}
+
+
+def assert_one_owner(records: dict) -> None:
+    """Applied means our kernel is live; yielded means it is not (and Liger's may be)."""
+    for name, record in records.items():
+        if name == "liger.arbitration":
+            assert record["state"] == "applied", record
+        elif record["state"] == "applied":
+            assert record["owner"] == "ours", (name, record)
+        else:
+            assert record["state"] == "yielded" and record["owner"] != "ours", (name, record)
+
+
+def test_liger_applied_after_us_takes_over_its_targets() -> None:
+    out = child(
+        """
+        engine = make_engine()
+        import transformers.models.qwen2.modeling_qwen2, transformers.models.qwen3.modeling_qwen3
+        import transformers.models.qwen3_next.modeling_qwen3_next
+        before = {n: r.state for n, r in engine.records.items() if n.split(".")[1] in ("qwen2", "qwen3")}
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen2, apply_liger_kernel_to_qwen3
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_next
+        apply_liger_kernel_to_qwen2()
+        apply_liger_kernel_to_qwen3(rope=False)
+        apply_liger_kernel_to_qwen3_next()
+        dump(engine, ("qwen2", "qwen3", "qwen3_next"), before=before)
+        """
+    )
+    assert set(out["before"].values()) == {"applied"} and len(out["before"]) == 6
+    records = out["records"]
+    assert_one_owner(records)
+    qwen2, qwen3, qwen3_next = family(records, "qwen2"), family(records, "qwen3"), family(records, "qwen3_next")
+    for kind in ("rms_norm", "mlp", "rotary"):
+        assert qwen2[kind]["owner"] == "liger"
+        assert qwen2[kind]["reason"] == "target handed to liger-kernel (apply_liger_kernel_to_qwen2)"
+    assert qwen3["rms_norm"]["owner"] == qwen3["mlp"]["owner"] == "liger"
+    assert "apply_liger_kernel_to_qwen3)" in qwen3["mlp"]["reason"]
+    assert qwen3["rotary"] == {"state": "applied", "reason": qwen3["rotary"]["reason"], "owner": "ours"}  # rope=False
+    # Liger has no gated RMSNorm and leaves rope off for Qwen3-Next: those stay ours.
+    assert qwen3_next["rms_norm_gated"]["state"] == qwen3_next["rotary"]["state"] == "applied"
+    assert qwen3_next["rms_norm"]["owner"] == qwen3_next["experts"]["owner"] == "liger"
+
+
+def test_liger_on_an_instance_as_verl_calls_it() -> None:
+    out = child(
+        """
+        engine = make_engine()
+        model = tiny("qwen3", "Qwen3ForCausalLM", "Qwen3Config")
+        moe = tiny("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", num_experts=4, num_experts_per_tok=2,
+                   moe_intermediate_size=16)
+        from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+        for m in (model, moe):
+            _apply_liger_kernel_to_instance(model=m, fused_linear_cross_entropy=False, swiglu=True)
+        layer = model.model.layers[0]
+        bound = {
+            "mlp": layer.mlp.forward.__func__.__module__,
+            "norm": layer.input_layernorm.forward.__func__.__module__,
+            "class_mlp_marked": bool(marked_by(type(layer.mlp).forward)),
+            "class_norm_marked": bool(marked_by(type(layer.input_layernorm).forward)),
+        }
+        dump(engine, ("qwen3", "qwen3_moe"), bound=bound)
+        """
+    )
+    records = out["records"]
+    assert_one_owner(records)
+    for name in ("qwen3", "qwen3_moe"):
+        for kind, record in family(records, name).items():
+            assert record["state"] == "yielded", (name, kind, record)
+            assert record["reason"] == (
+                f"target handed to liger-kernel (_apply_liger_kernel_to_instance -> apply_liger_kernel_to_{name})"
+            )
+    assert family(records, "qwen3_moe")["experts"]["owner"] == "liger"  # LigerExperts
+    assert out["bound"]["mlp"].startswith("liger_kernel") and out["bound"]["norm"].startswith("liger_kernel")
+    assert out["bound"]["class_mlp_marked"] is out["bound"]["class_norm_marked"] is False
+
+
+def test_liger_applied_before_us_is_left_alone() -> None:
+    out = child(
+        """
+        import transformers.models.qwen2.modeling_qwen2 as q2
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen2, apply_liger_kernel_to_qwen3
+        apply_liger_kernel_to_qwen2()
+        apply_liger_kernel_to_qwen3()
+        import transformers.models.qwen3.modeling_qwen3
+        engine = make_engine()
+        dump(engine, ("qwen2", "qwen3"))
+        """
+    )
+    records = out["records"]
+    assert_one_owner(records)
+    for name in ("qwen2", "qwen3"):
+        for kind, record in family(records, name).items():
+            assert record["state"] == "yielded" and record["owner"] == "liger", (name, kind, record)
+            assert record["reason"].startswith("target owned by liger-kernel (liger_kernel.transformers."), record
+    assert "LigerRMSNorm.forward" in records["transformers.qwen2.rms_norm"]["reason"]
+
+
+def test_liger_before_the_modeling_module_is_imported() -> None:
+    out = child(
+        """
+        engine = make_engine()
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+        assert "transformers.models.qwen3.modeling_qwen3" not in sys.modules
+        apply_liger_kernel_to_qwen3()
+        dump(engine, ("qwen3",))
+        """
+    )
+    records = out["records"]
+    assert_one_owner(records)
+    assert {k: v["owner"] for k, v in family(records, "qwen3").items()} == dict.fromkeys(
+        ("rms_norm", "mlp", "rotary"), "liger"
+    )
+
+
+def test_revert_restores_liger_untouched() -> None:
+    out = child(
+        """
+        engine = make_engine()
+        import liger_kernel.transformers.monkey_patch as mp
+        wrapped = mp.MODEL_TYPE_TO_APPLY_LIGER_FN["qwen3"] is mp.apply_liger_kernel_to_qwen3
+        marked = bool(marked_by(mp.apply_liger_kernel_to_qwen3))
+        engine.revert()
+        print(json.dumps({"wrapped": wrapped, "marked": marked,
+                          "after": bool(marked_by(mp.apply_liger_kernel_to_qwen3)),
+                          "table": bool(marked_by(mp.MODEL_TYPE_TO_APPLY_LIGER_FN["qwen3"])),
+                          "instance": bool(marked_by(mp._apply_liger_kernel_to_instance))}))
+        """
+    )
+    assert out == {"wrapped": True, "marked": True, "after": False, "table": False, "instance": False}
