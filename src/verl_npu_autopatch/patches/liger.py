@@ -166,7 +166,7 @@ PATCHES: list[Patch] = [
     Patch(
         name=NAME,
         summary="Hand our transformers kernels to Liger-Kernel when it is applied to the same model.",
-        reference="https://github.com/volcengine/verl/pull/6244",
+        reference="https://github.com/verl-project/verl/pull/6244",
         groups=("transformers", "liger"),
         targets=(Target(MODULE, DISPATCHERS[0]),),
         requires=("liger-kernel",),

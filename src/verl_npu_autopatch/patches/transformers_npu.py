@@ -22,7 +22,7 @@ from typing import Any
 from verl_npu_autopatch.patching import describe, mark, normalized_source, parameter_names, set_attribute
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
-REFERENCE = "https://github.com/volcengine/verl/blob/main/verl/models/transformers/npu_patch.py"
+REFERENCE = "https://github.com/verl-project/verl/blob/main/verl/models/transformers/npu_patch.py"
 GROUP = "transformers"
 
 #: family -> ((kind, qualname variants), ...). Kinds: ``rms_norm`` (plain or ``(1+w)``, probed),
