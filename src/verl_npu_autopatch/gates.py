@@ -7,6 +7,8 @@ from verl_npu_autopatch import probes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from verl_npu_autopatch.config import Config
     from verl_npu_autopatch.spec import Patch, Target
 
@@ -42,12 +44,18 @@ class Plan:
 def _gate_reason(requirement: str, dist: str, version: str | None) -> str:
     if version is None:
         return f"needs {requirement}; {dist} is not installed"
-    return f"needs {requirement}; {dist} {version} is installed"
+    return f"needs {requirement}; found {dist} {version}"
 
 
-def _first_failure(requirements: tuple[str, ...], versions: dict[str, str | None]) -> str:
+def first_failure(
+    requirements: tuple[str, ...],
+    versions: dict[str, str | None],
+    version_of: Callable[[str], str | None] | None = None,
+) -> str:
+    """Why the first unmet requirement fails ("" when all hold); fills ``versions`` with what
+    was seen. ``version_of`` replaces the installed metadata (see ``probes.check_requirement``)."""
     for requirement in requirements:
-        holds, dist, version = probes.check_requirement(requirement)
+        holds, dist, version = probes.check_requirement(requirement, version_of)
         versions[dist] = version
         if not holds:
             return _gate_reason(requirement, dist, version)
@@ -63,7 +71,7 @@ def plan(patch: Patch, config: Config) -> Plan:
         return Plan("disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE", versions, ())
     if not patch.default and not keys & config.enable:
         return Plan("disabled", "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE", versions, ())
-    failure = _first_failure(patch.requires, versions)
+    failure = first_failure(patch.requires, versions)
     if failure:
         return Plan("gated", failure, versions, ())
     if patch.device == "npu-stack" and config.device != "npu" and not probes.npu_stack_installed():
@@ -72,7 +80,7 @@ def plan(patch: Patch, config: Config) -> Plan:
     for target in patch.targets:
         package = target.module.partition(".")[0]
         failure = "" if probes.findable(package) else f"package {package} is not installed"
-        failure = failure or _first_failure(target.requires, versions)
+        failure = failure or first_failure(target.requires, versions)
         if failure:
             failures[str(target)] = failure
         else:

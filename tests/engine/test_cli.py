@@ -55,7 +55,7 @@ def test_status_plans_fixture_patches_with_npu_forced(base_python: Path) -> None
     assert plans["fixture.forward"]["state"] == "would apply"
     assert plans["fixture.optin"]["state"] == "disabled"
     assert plans["fixture.gated"]["state"] == "gated"
-    assert plans["fixture.gated"]["reason"] == "needs vllm<0.24; vllm 0.32.0 is installed"
+    assert plans["fixture.gated"]["reason"] == "needs vllm<0.24; found vllm 0.32.0"
 
 
 def test_python_dash_m_and_console_script_agree(base_python: Path) -> None:

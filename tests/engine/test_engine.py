@@ -224,7 +224,7 @@ r = verl_npu_autopatch.report()
 print(json.dumps({n: [r[n].state, r[n].reason, r[n].versions] for n in ("fixture.gated", "fixture.variants")}))
 """
     seen = run_json(base_python, code, env=NPU)
-    assert seen["fixture.gated"] == ["gated", "needs vllm<0.24; vllm 0.32.0 is installed", {"vllm": "0.32.0"}]
+    assert seen["fixture.gated"] == ["gated", "needs vllm<0.24; found vllm 0.32.0", {"vllm": "0.32.0"}]
     state, reason, versions = seen["fixture.variants"]
     assert state == "applied" and reason == "patched vllm.model:Layer.forward" and versions == {"vllm": "0.32.0"}
 

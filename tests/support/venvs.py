@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,16 +65,16 @@ def _run(cmd: list[str], **kwargs) -> None:
 
 
 def build_wheel() -> Path:
-    """Build the project wheel into ``dist/`` (once per call) and return its path."""
+    """Build the project wheel into a fresh folder under ``dist/`` and return its path (a folder
+    per build, so concurrent builds never see each other's half-written files)."""
     DIST.mkdir(exist_ok=True)
-    for old in DIST.glob("verl_npu_autopatch-*.whl"):
-        old.unlink()
+    out = Path(tempfile.mkdtemp(prefix="wheel-", dir=DIST))
     isolation = [] if importlib.util.find_spec("hatchling") is None else ["--no-build-isolation"]
     _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", DIST, ROOT],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", out, ROOT],
         stdout=subprocess.DEVNULL,
     )
-    (wheel,) = DIST.glob("verl_npu_autopatch-*.whl")
+    (wheel,) = out.glob("verl_npu_autopatch-*.whl")
     return wheel
 
 
