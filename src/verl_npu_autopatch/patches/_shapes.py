@@ -1,0 +1,178 @@
+"""What a patch's check rule looks at, read either from a live object or from a release's files.
+
+A rule is a pure function over :class:`Code` values (whitespace-free source plus parameter names).
+``check`` builds them from the live target (``Code.live``); ``scripts/compat-matrix`` builds them
+with :class:`UpstreamTree` from a downloaded release's source, read with :mod:`ast` and never
+executed. Both therefore run the one implementation of each rule. Standard library only.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_npu_autopatch.patching import marked_by, normalized_source, parameter_names
+
+
+@dataclass(frozen=True)
+class Code:
+    """One callable as a rule sees it: whitespace-free source, parameter names, our marker."""
+
+    source: str | None
+    params: tuple[str, ...] | None
+    marker: str | None = None
+
+    @classmethod
+    def live(cls, obj: Any) -> Code:
+        """From a live function (a ``staticmethod``/``classmethod`` object is unwrapped)."""
+        return cls(normalized_source(obj), parameter_names(obj), marked_by(obj))
+
+    def has(self, *needles: str) -> bool:
+        """Whether the source contains every needle (needles are written without whitespace)."""
+        return self.source is not None and all(n in self.source for n in needles)
+
+
+def signature_text(params: Iterable[str] | None) -> str:
+    """``(a, b, c)`` for reports; ``(unknown)`` when there is no signature."""
+    return "(unknown)" if params is None else f"({', '.join(params)})"
+
+
+# --------------------------------------------------------------------------- static reading
+def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
+    args = node.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args)]
+    if args.vararg:
+        names.append(args.vararg.arg)
+    names += [a.arg for a in args.kwonlyargs]
+    if args.kwarg:
+        names.append(args.kwarg.arg)
+    return tuple(names)
+
+
+@dataclass
+class ModuleSource:
+    """One module's source text, parsed once."""
+
+    text: str
+    tree: ast.Module = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tree = ast.parse(self.text)
+
+    def _top(self, name: str) -> ast.AST | None:
+        for node in self.tree.body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                return node
+        return None
+
+    def _segment(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+        """The lines ``inspect.getsource`` would return: decorators through the last body line."""
+        start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        lines = self.text.splitlines()[start - 1 : node.end_lineno]
+        return "".join("\n".join(lines).split())
+
+    def code(self, qualname: str) -> Code | None:
+        """``Code`` of ``function`` or ``Class.method`` (following base classes defined in this
+        module), or ``None`` when the module does not define it."""
+        *owners, name = qualname.split(".")
+        if not owners:
+            node = self._top(name)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return Code(self._segment(node), _params(node))
+            return None
+        cls = self._top(owners[0])
+        return self._method(cls, name, set()) if isinstance(cls, ast.ClassDef) and len(owners) == 1 else None
+
+    def _method(self, cls: ast.ClassDef, name: str, seen: set[str]) -> Code | None:
+        seen.add(cls.name)
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                return Code(self._segment(node), _params(node))
+        for base in cls.bases:
+            parent = self._top(base.id) if isinstance(base, ast.Name) and base.id not in seen else None
+            if isinstance(parent, ast.ClassDef):
+                found = self._method(parent, name, seen)
+                if found is not None:
+                    return found
+        return None
+
+    def binds(self, name: str) -> bool:
+        """Whether the module binds ``name`` at top level (def, class, import or assignment)."""
+        for node in self.tree.body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                return True
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (a.asname or a.name.split(".")[0]) == name for a in node.names
+            ):
+                return True
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return True
+        return False
+
+    def imports_from(self, module: str, name: str) -> bool:
+        """Whether a top-level ``from module import name`` is present."""
+        return any(
+            isinstance(node, ast.ImportFrom) and node.module == module and any(a.name == name for a in node.names)
+            for node in self.tree.body
+        )
+
+    def returned_names(self, function: str) -> list[str]:
+        """Names a top-level function can ``return`` (``return SomeClass``), in source order."""
+        node = self._top(function)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return []
+        return [
+            sub.value.id for sub in ast.walk(node) if isinstance(sub, ast.Return) and isinstance(sub.value, ast.Name)
+        ]
+
+
+def imports_module_unconditionally(text: str, module: str) -> bool:
+    """Whether ``text`` (a module's source) imports ``module`` in a top-level statement, i.e. not
+    under an ``if``/``try`` or inside a function."""
+    package, _, leaf = module.rpartition(".")
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == package and any(a.name == leaf for a in node.names):
+            return True
+    return False
+
+
+class UpstreamTree:
+    """A release's source files laid out as in the installed packages (``vllm_ascend/...``,
+    ``vllm/...``), possibly spread over several roots, plus the versions they come from."""
+
+    def __init__(self, roots: Iterable[Path], versions: dict[str, str]) -> None:
+        self.roots = tuple(Path(r) for r in roots)
+        self.versions = dict(versions)
+        self._cache: dict[str, ModuleSource | None] = {}
+
+    def _path(self, module: str) -> Path | None:
+        relative = module.replace(".", "/")
+        for root in self.roots:
+            for candidate in (root / f"{relative}.py", root / relative / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
+        return None
+
+    def has_module(self, module: str) -> bool:
+        return self._path(module) is not None
+
+    def module(self, module: str) -> ModuleSource | None:
+        """The parsed source of ``module``, or ``None`` when the release lacks it."""
+        if module not in self._cache:
+            path = self._path(module)
+            self._cache[module] = ModuleSource(path.read_text(encoding="utf-8")) if path else None
+        return self._cache[module]
+
+    def code(self, module: str, qualname: str) -> Code | None:
+        source = self.module(module)
+        return None if source is None else source.code(qualname)

@@ -1,0 +1,75 @@
+"""``ascend.camem_sleep_sync``: ``CaMemAllocator.sleep`` synchronizes the NPU before it releases
+memory (opt-in, group ``glm52``).
+
+Graph replays and kernel launches are asynchronous: work still queued on the device may touch
+the virtual mappings that ``sleep`` unmaps. vllm-ascend's own ``torch.npu.empty_cache()`` comes
+after the unmap loop, too late. 0.30.0rc2 added the same synchronization upstream.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from verl_npu_autopatch.patches._shapes import Code, UpstreamTree, signature_text
+from verl_npu_autopatch.patching import replace_method
+from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+
+CAMEM = "vllm_ascend.device_allocator.camem"
+SLEEP_PARAMS = ("self", "offload_tags")
+SYNC = "torch.npu.synchronize()"
+UNMAP = "unmap_and_release("
+
+
+def camem_rule(sleep: Code) -> Verdict:
+    """Decide on ``CaMemAllocator.sleep``."""
+    if sleep.params != SLEEP_PARAMS:
+        return unsupported(f"sleep{signature_text(SLEEP_PARAMS)}", f"sleep{signature_text(sleep.params)}")
+    if not sleep.has(UNMAP):
+        return unsupported("sleep releasing memory through unmap_and_release", "sleep without it")
+    source = sleep.source or ""
+    if SYNC in source and source.index(SYNC) < source.index(UNMAP):
+        return fixed_upstream("sleep already calls torch.npu.synchronize() before unmap_and_release")
+    return APPLY
+
+
+def _check(site: Site) -> Verdict:
+    return camem_rule(Code.live(site.value))
+
+
+def _fix(site: Site) -> Undo:
+    module = site.module
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def sleep(self: Any, *args: Any, **kwargs: Any) -> Any:
+            module.torch.npu.synchronize()  # the camem module's own torch, as its sleep uses it
+            return original(self, *args, **kwargs)
+
+        return sleep
+
+    return replace_method(site.owner, site.attribute, make, site.patch.name)
+
+
+def _static(tree: UpstreamTree) -> Verdict:
+    code = tree.code(CAMEM, "CaMemAllocator.sleep")
+    if code is None:
+        return unsupported(f"{CAMEM}:CaMemAllocator.sleep", f"{CAMEM} without it")
+    return camem_rule(code)
+
+
+PATCHES = [
+    Patch(
+        name="ascend.camem_sleep_sync",
+        summary="CaMemAllocator.sleep synchronizes the NPU before unmapping and releasing memory.",
+        reference="https://github.com/verl-project/verl/pull/7779",
+        groups=("glm52", "ascend"),
+        targets=(Target.parse(f"{CAMEM}:CaMemAllocator.sleep"),),
+        default=False,
+        check=_check,
+        fix=_fix,
+    ),
+]
+
+STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"ascend.camem_sleep_sync": _static}

@@ -1,0 +1,107 @@
+"""``ascend.routed_experts_capture``: load vllm-ascend's own DP/SP-aware
+``RoutedExpertsCapturer.capture`` (module ``patch.worker.patch_routed_experts_capture``) where the
+release ships it but does not import it (opt-in, group ``glm52``).
+
+vllm-ascend 0.21 to 0.24 import that module only when the installed vLLM is *not* the paired
+release ("main2main"), so with the paired vLLM router replay under DP > 1 captures the wrong
+tokens. From 0.25.1rc1 the import is unconditional (``fixed-upstream``). Releases without the
+module (before 0.21.0rc1) are ``gated``.
+
+The target is the ``__file__`` of ``vllm_ascend.patch.worker``: the hook fires right after
+vllm-ascend applied its own worker patches (``NPUWorker.__init__`` → ``adapt_patch()``), the very
+place it would have imported the module itself, and the check reads that file's source.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from verl_npu_autopatch.patches._shapes import (
+    Code,
+    ModuleSource,
+    UpstreamTree,
+    imports_module_unconditionally,
+)
+from verl_npu_autopatch.patches._shapes import signature_text as _sig
+from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+
+WORKER = "vllm_ascend.patch.worker"
+CAPTURE = f"{WORKER}.patch_routed_experts_capture"
+CAPTURER = "vllm.model_executor.layers.fused_moe.routed_experts_capturer"
+CAPTURE_PARAMS = ("self", "layer_id", "topk_ids")
+
+_MISSING = object()
+
+
+def capture_rule(capture: Code | None, worker_init: str | None, already_imported: bool = False) -> Verdict:
+    """Decide from vllm-ascend's ``capture`` function (``None`` when the release lacks the module),
+    the source of ``vllm_ascend/patch/worker/__init__.py`` and whether it is already imported."""
+    if capture is None:
+        return unsupported(f"module {CAPTURE}", "no such module")
+    if capture.params != CAPTURE_PARAMS:
+        return unsupported(f"{CAPTURE}.capture{_sig(CAPTURE_PARAMS)}", f"capture{_sig(capture.params)}")
+    if already_imported:
+        return fixed_upstream(f"{CAPTURE} is already imported in this process")
+    if worker_init is not None and imports_module_unconditionally(worker_init, CAPTURE):
+        return fixed_upstream(f"{WORKER} imports {CAPTURE} unconditionally")
+    return APPLY
+
+
+def _read(path: str | None) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8") if path else None
+    except OSError:
+        return None
+
+
+def _check(site: Site) -> Verdict:
+    spec = importlib.util.find_spec(CAPTURE)  # the parent package is imported: nothing executes
+    text = _read(getattr(spec, "origin", None)) if spec is not None else None
+    capture = ModuleSource(text).code("capture") if text is not None else None
+    if spec is not None and capture is None and text is None:  # no source (.pyc only): trust presence
+        capture = Code(None, CAPTURE_PARAMS)
+    return capture_rule(capture, _read(site.value), CAPTURE in sys.modules)
+
+
+def _fix(site: Site) -> Undo:
+    capturer = importlib.import_module(CAPTURER).RoutedExpertsCapturer
+    original = capturer.__dict__.get("capture", _MISSING)
+    installed = importlib.import_module(CAPTURE).capture
+    if capturer.__dict__.get("capture") is not installed:  # re-applied after an undo: module cached
+        capturer.capture = installed
+
+    def undo() -> None:
+        if original is _MISSING:
+            if "capture" in capturer.__dict__:
+                delattr(capturer, "capture")
+        else:
+            capturer.capture = original
+
+    return undo
+
+
+def _static(tree: UpstreamTree) -> Verdict:
+    module = tree.module(CAPTURE)
+    worker = tree.module(WORKER)
+    return capture_rule(module.code("capture") if module else None, worker.text if worker else None)
+
+
+PATCHES = [
+    Patch(
+        name="ascend.routed_experts_capture",
+        summary="Load vllm-ascend's DP/SP-aware RoutedExpertsCapturer.capture where the release does not import it.",
+        reference="https://github.com/verl-project/verl/pull/7779",
+        groups=("glm52", "ascend"),
+        targets=(Target.parse(f"{WORKER}:__file__"),),
+        requires=("vllm-ascend>=0.21.0rc1",),
+        default=False,
+        check=_check,
+        fix=_fix,
+    ),
+]
+
+STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"ascend.routed_experts_capture": _static}

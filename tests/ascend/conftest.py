@@ -1,0 +1,55 @@
+"""Fixtures for the vllm-ascend / vLLM patch tests: downloaded releases and CPU test doubles."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import doubles
+import upstream
+
+from verl_npu_autopatch import engine as process_engine
+
+# The process-wide engine (installed by the .pth) must decide "inactive" now, before any test
+# double named torch_npu appears in sys.modules; tests use their own Engine instances.
+process_engine.activate("tests/ascend")
+assert process_engine.report().status == "inactive", process_engine.report().reason
+
+
+def _preload_vllm() -> None:
+    """Import (and configure once) the vLLM / transformers parts the tests use, before any test
+    double named torch_npu exists: their import-time probes must see the real CPU host."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers import layernorm, linear  # noqa: F401
+
+    with set_current_vllm_config(VllmConfig()):
+        layernorm.RMSNorm(8)
+
+
+_preload_vllm()
+
+
+@pytest.fixture(scope="session")
+def releases() -> dict[str, tuple[Path, Path]]:
+    """Every release of the decision table: label → (vllm-ascend source root, vLLM source root),
+    downloaded and extracted by ``scripts/compat-matrix``'s own code (cached in .cache/upstream)."""
+    script = upstream.matrix_script()
+    found = {}
+    for release in script.RELEASES:
+        try:
+            found[release.label] = script.fetch_release(release)
+        except OSError as exc:  # only when PyPI truly cannot be reached
+            pytest.skip(f"cannot download {release.ascend.filename} / {release.vllm.filename} from PyPI: {exc}")
+    return found
+
+
+@pytest.fixture
+def npu() -> Iterator[None]:
+    """The torch_npu / torch.npu / acl.rt test doubles, installed for one test."""
+    with doubles.installed():
+        yield

@@ -1,0 +1,173 @@
+"""Test doubles for the Ascend pieces that cannot run on a CPU host (torch_npu, torch.npu, acl.rt,
+vllm-ascend's ``maybe_chunk_residual`` op and a few vllm-ascend helpers).
+
+Every function here is a TEST DOUBLE written from the documented definition of the op it stands
+for, computed with plain CPU torch, and records its calls in :data:`EVENTS` so tests can check
+what the code under test called and in which order. None of it is used outside tests.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+#: ``(name, details)`` of every double called, in call order. Cleared by :func:`installed`.
+EVENTS: list[tuple[str, Any]] = []
+
+#: Tensor-parallel layout the ``maybe_chunk_residual`` double uses (size, rank, pad rows).
+TP = {"size": 1, "rank": 0, "pad": 0}
+
+
+def names() -> list[str]:
+    """The names of the recorded events, in order."""
+    return [name for name, _ in EVENTS]
+
+
+# ----------------------------------------------------------------------------- torch_npu
+def npu_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """TEST DOUBLE of ``torch_npu.npu_rms_norm``: ``(x * rsqrt(mean(x², -1) + eps) * gamma, rstd)``,
+    computed in float32 and returned in ``x``'s dtype (rstd stays float32)."""
+    EVENTS.append(("torch_npu.npu_rms_norm", x))
+    x32 = x.float()
+    rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + epsilon)
+    return (x32 * rstd * gamma.float()).to(x.dtype), rstd
+
+
+def npu_add_rms_norm(
+    x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """TEST DOUBLE of ``torch_npu.npu_add_rms_norm``: the fused kernel adds ``x1 + x2`` in float32,
+    normalizes that float32 sum, and returns ``(y, rstd, x1 + x2)`` in the input dtype."""
+    EVENTS.append(("torch_npu.npu_add_rms_norm", (x1, x2)))
+    total = x1.float() + x2.float()
+    rstd = torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + epsilon)
+    return (total * rstd * gamma.float()).to(x1.dtype), rstd, total.to(x1.dtype)
+
+
+def npu_format_cast(tensor: torch.Tensor, acl_format: int) -> torch.Tensor:
+    """TEST DOUBLE of ``torch_npu.npu_format_cast``: on CPU every format is ND, so the tensor itself."""
+    EVENTS.append(("torch_npu.npu_format_cast", acl_format))
+    return tensor
+
+
+def npu_lightning_indexer(*, query: torch.Tensor, key: Any, weights: torch.Tensor, **kwargs: Any) -> tuple[Any, None]:
+    """TEST DOUBLE of ``torch_npu.npu_lightning_indexer``: records the ``weights`` it was given
+    (what the scale patch changes) and returns a placeholder top-k tensor."""
+    EVENTS.append(("torch_npu.npu_lightning_indexer", {"query": query, "weights": weights, **kwargs}))
+    return torch.zeros(query.shape[0], 1, dtype=torch.int32), None
+
+
+def npu_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    """TEST DOUBLE of ``torch_npu.npu_rotary_mul`` (half-rotation RoPE):
+    ``x * r1 + cat(-x[..., d/2:], x[..., :d/2]) * r2``."""
+    EVENTS.append(("torch_npu.npu_rotary_mul", x.shape))
+    first, second = x.chunk(2, dim=-1)
+    return x * r1 + torch.cat([-second, first], dim=-1) * r2
+
+
+def _torch_npu_module() -> types.ModuleType:
+    module = types.ModuleType("torch_npu")
+    module.__doc__ = "TEST DOUBLE of torch_npu (see tests/ascend/doubles.py)."
+    module.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)  # for find_spec callers
+    for function in (npu_rms_norm, npu_add_rms_norm, npu_format_cast, npu_lightning_indexer, npu_rotary_mul):
+        setattr(module, function.__name__, function)
+    return module
+
+
+# ----------------------------------------------------------------------------- torch.npu / acl
+def _torch_npu_namespace() -> types.ModuleType:
+    """TEST DOUBLE of the ``torch.npu`` namespace: ``synchronize`` and ``empty_cache`` record an
+    event (the real ones wait for / free device work); ``memory.NPUPluggableAllocator`` exists
+    because camem.py uses it in an annotation evaluated at import."""
+    npu = types.ModuleType("torch.npu")
+    npu.synchronize = lambda device=None: EVENTS.append(("torch.npu.synchronize", device))
+    npu.empty_cache = lambda: EVENTS.append(("torch.npu.empty_cache", None))
+    npu.is_available = lambda: False  # no device: libraries probing for one must not use it
+    npu.memory = types.SimpleNamespace(NPUPluggableAllocator=type("NPUPluggableAllocator", (), {}))
+    return npu
+
+
+def _acl_modules() -> dict[str, types.ModuleType]:
+    """TEST DOUBLE of pyACL's ``acl.rt``: ``memcpy(dst, dst_max, src, count, kind)`` records the copy."""
+    acl, rt = types.ModuleType("acl"), types.ModuleType("acl.rt")
+    rt.memcpy = lambda *args: EVENTS.append(("acl.rt.memcpy", args)) or 0
+    acl.rt = rt
+    return {"acl": acl, "acl.rt": rt}
+
+
+# ----------------------------------------------------------------------------- vllm-ascend op
+def maybe_chunk_residual(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """TEST DOUBLE of vllm-ascend's ``torch.ops.vllm.maybe_chunk_residual``: when ``x`` holds only
+    this TP rank's token shard, pad the residual by ``pad`` rows, split it into ``size`` chunks
+    along dim 0 and return chunk ``rank``; otherwise return the residual unchanged."""
+    EVENTS.append(("torch.ops.vllm.maybe_chunk_residual", residual.shape))
+    if x.shape[0] == residual.shape[0]:
+        return residual
+    padded = torch.nn.functional.pad(residual, (0, 0, 0, TP["pad"]))
+    return torch.chunk(padded, TP["size"], dim=0)[TP["rank"]].clone()
+
+
+_LIBRARY: Any = None
+
+
+def register_maybe_chunk_residual() -> None:
+    """Register the double as ``torch.ops.vllm.maybe_chunk_residual`` (once per process)."""
+    global _LIBRARY
+    if _LIBRARY is not None:
+        return
+    library = torch.library.Library("vllm", "FRAGMENT")
+    library.define("maybe_chunk_residual(Tensor x, Tensor residual) -> Tensor")
+    library.impl("maybe_chunk_residual", maybe_chunk_residual, "CPU")
+    _LIBRARY = library
+
+
+# ----------------------------------------------------------------------------- installation
+def stub_module(name: str, doc: str = "TEST DOUBLE", **attributes: Any) -> types.ModuleType:
+    """A module named ``name`` holding ``attributes`` (a stand-in for a vllm-ascend module)."""
+    module = types.ModuleType(name)
+    module.__doc__ = doc
+    for key, value in attributes.items():
+        setattr(module, key, value)
+    return module
+
+
+@contextmanager
+def modules(mapping: dict[str, types.ModuleType]) -> Iterator[None]:
+    """Put ``mapping`` into ``sys.modules`` and restore what was there afterwards."""
+    saved = {name: sys.modules.get(name) for name in mapping}
+    sys.modules.update(mapping)
+    try:
+        yield
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+@contextmanager
+def installed() -> Iterator[None]:
+    """Install the torch_npu, torch.npu and acl.rt doubles and a ``vllm_ascend`` package stand-in
+    (the engine gates patches whose top-level package is not importable) for one test."""
+    EVENTS.clear()
+    TP.update(size=1, rank=0, pad=0)
+    had_npu = hasattr(torch, "npu")
+    previous = getattr(torch, "npu", None)
+    torch.npu = _torch_npu_namespace()
+    try:
+        package = stub_module("vllm_ascend", "TEST DOUBLE: the vllm-ascend package is importable")
+        package.__path__ = []  # a package (its submodules are put into sys.modules by the tests)
+        with modules({"torch_npu": _torch_npu_module(), "vllm_ascend": package, **_acl_modules()}):
+            yield
+    finally:
+        if had_npu:
+            torch.npu = previous
+        else:
+            del torch.npu

@@ -1,0 +1,86 @@
+"""``ascend.routed_experts_capture`` with the releases' real ``patch/worker`` files.
+
+``vllm_ascend.patch.worker`` is a stand-in module whose ``__file__`` is the release's real
+``patch/worker/__init__.py`` (what the check reads) and whose ``__path__`` holds the release's
+real ``patch_routed_experts_capture.py``, which the fix imports for real against the installed
+vLLM (its one vllm-ascend import, ``ascend_forward_context``, is a stub). The version gate reads
+a ``vllm_ascend-<version>.dist-info`` written to a temporary directory on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import doubles
+import pytest
+import upstream
+
+from verl_npu_autopatch import probes
+from verl_npu_autopatch.patches import ascend_capture
+
+STATE = "ascend.routed_experts_capture"
+
+
+@pytest.fixture
+def release(request, releases, npu, tmp_path) -> Iterator[Path]:
+    """Make vllm-ascend ``request.param`` look installed; yield its source root."""
+    from vllm.model_executor.layers.fused_moe import routed_experts_capturer
+
+    version = request.param
+    root = releases[version][0]
+    info = tmp_path / "site" / f"vllm_ascend-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-ascend\nVersion: {version}\n")
+    package = tmp_path / "worker"
+    package.mkdir()
+    shutil.copy(root / "vllm_ascend/patch/worker/patch_routed_experts_capture.py", package)
+    worker = doubles.stub_module(ascend_capture.WORKER, "stand-in for vllm_ascend.patch.worker")
+    worker.__file__, worker.__path__ = str(root / "vllm_ascend/patch/worker/__init__.py"), [str(package)]
+    context = doubles.stub_module(
+        "vllm_ascend.ascend_forward_context", _EXTRA_CTX=None, MoECommType=type("MoECommType", (), {})
+    )
+    capture_before = routed_experts_capturer.RoutedExpertsCapturer.__dict__["capture"]
+    sys.path.insert(0, str(tmp_path / "site"))
+    probes.forget_versions()
+    try:
+        with doubles.modules({ascend_capture.WORKER: worker, context.__name__: context}):
+            yield root
+    finally:
+        sys.path.remove(str(tmp_path / "site"))
+        sys.modules.pop(ascend_capture.CAPTURE, None)
+        routed_experts_capturer.RoutedExpertsCapturer.capture = capture_before
+        probes.forget_versions()
+
+
+def test_gated_without_vllm_ascend_installed():
+    record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    assert record.state == "gated"
+    assert "vllm-ascend" in record.reason or "vllm_ascend" in record.reason
+
+
+@pytest.mark.parametrize("release", ["0.23.0"], indirect=True)
+def test_loads_the_release_capture_where_it_is_not_imported(release):
+    from vllm.model_executor.layers.fused_moe.routed_experts_capturer import RoutedExpertsCapturer
+
+    original = RoutedExpertsCapturer.__dict__["capture"]
+    engine = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    record = engine.report()[STATE]
+    assert record.state == "applied", record.reason
+    assert RoutedExpertsCapturer.capture.__module__ == ascend_capture.CAPTURE
+    assert Path(RoutedExpertsCapturer.capture.__code__.co_filename).name == "patch_routed_experts_capture.py"
+    assert engine.revert() == [STATE]
+    assert RoutedExpertsCapturer.__dict__["capture"] is original
+
+
+@pytest.mark.parametrize("release", ["0.30.0rc2"], indirect=True)
+def test_fixed_upstream_where_the_release_imports_it(release):
+    from vllm.model_executor.layers.fused_moe.routed_experts_capturer import RoutedExpertsCapturer
+
+    original = RoutedExpertsCapturer.__dict__["capture"]
+    record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    assert record.state == "fixed-upstream"
+    assert "unconditionally" in record.reason
+    assert RoutedExpertsCapturer.__dict__["capture"] is original
