@@ -1,0 +1,138 @@
+"""vLLM MoE expert weight loader that accepts vllm-ascend's runtime (transposed) weight layout.
+
+vLLM creates the fused expert weights in checkpoint layout: ``w13_weight`` is ``[E, 2*I, H]`` and
+``w2_weight`` is ``[E, H, I]``. vllm-ascend's unquantized MoE method transposes both to
+``[E, H, 2*I]`` / ``[E, I, H]`` for its grouped-matmul kernel and only flips them back in
+``NPUWorker.wake_up``. RL weight syncs that reload weights without that wake-up hand checkpoint-shaped
+tensors to runtime-shaped parameters and fail with shape mismatches (vllm-ascend #5915, verl #5479).
+
+The fix wraps the layer class's ``weight_loader``: when the parameter is in the runtime layout
+(``w1``/``w3`` with ``param.shape[1] == hidden_size``, or ``w2`` with ``param.shape[2] ==
+hidden_size``), ``param.data`` is re-pointed to its ``transpose(1, 2)`` view (no copy; the Parameter
+object and its attributes stay) before the original loader runs with the same arguments. The caller
+(verl) runs ``process_weights_after_loading`` afterwards, which restores the runtime layout.
+
+Ambiguity: when ``2*I == H`` (w13) or ``I == H`` (w2) both layouts have the same shape, so the rule
+cannot tell them apart. The wrapper then leaves the layout alone and logs once, at debug level, on
+the ``verl_npu_autopatch`` logger.
+
+Where the loader lives, found by structure rather than version numbers (the first variant present
+in the live modules wins):
+
+* vLLM >= 0.24: ``fused_moe.routed_experts.RoutedExperts.weight_loader`` (``FusedMoE`` became a
+  factory function, later renamed ``FusedMoEFactory``); ``self.hidden_size`` is an attribute.
+* vLLM 0.13 - 0.23: ``fused_moe.layer.FusedMoE.weight_loader``; ``hidden_size`` is an attribute
+  (0.13) or a property over ``moe_config.hidden_dim`` (0.23).
+
+``RoutedExperts`` is listed first so that, should both ever exist, the base class that owns the
+parameters is the one patched (vllm-ascend's ``AscendRoutedExperts`` inherits the wrapper).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from verl_npu_autopatch.patching import describe, parameter_names, replace_method
+from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
+
+#: The parameter names the wrapper is written for (identical in vLLM 0.13 ... 0.33).
+EXPECTED_PARAMETERS = ("self", "param", "loaded_weight", "weight_name", "shard_id", "expert_id", "return_success")
+
+_LOGGER_NAME = "verl_npu_autopatch"
+_ambiguity_logged = False
+
+
+def _log_ambiguous(layer: Any, shape: Any, shard_id: str, hidden: int) -> None:
+    """Log the first ambiguous call of this process at debug level."""
+    global _ambiguity_logged
+    if _ambiguity_logged:
+        return
+    _ambiguity_logged = True
+    import logging
+
+    logging.getLogger(_LOGGER_NAME).debug(
+        "vllm.moe_weight_loader: %s param of shape %s in %s is square in its last two dims "
+        "(hidden_size=%d), so checkpoint and runtime layouts look alike; layout left untouched "
+        "(logged once per process)",
+        shard_id,
+        tuple(shape),
+        type(layer).__name__,
+        hidden,
+    )
+
+
+def make_weight_loader(original: Any) -> Any:
+    """Wrap ``original`` so a runtime-layout parameter is viewed back to checkpoint layout first.
+
+    The per-call cost is a shape look-up and a few comparisons; nothing is inspected.
+    """
+
+    @functools.wraps(original)
+    def weight_loader(
+        self: Any,
+        param: Any,
+        loaded_weight: Any,
+        weight_name: str,
+        shard_id: str,
+        expert_id: int,
+        return_success: bool = False,
+    ) -> Any:
+        shape = param.shape
+        if len(shape) == 3:
+            if shard_id == "w2":
+                dim = 2
+            elif shard_id == "w1" or shard_id == "w3":
+                dim = 1
+            else:
+                dim = 0
+            if dim:
+                hidden = getattr(self, "hidden_size", None)
+                if hidden is not None and shape[dim] == hidden:
+                    if shape[1] == shape[2]:
+                        _log_ambiguous(self, shape, shard_id, hidden)
+                    else:
+                        param.data = param.data.transpose(1, 2)
+        return original(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
+
+    return weight_loader
+
+
+def check(site: Site) -> Verdict:
+    """The live loader must be a method of a class with the known parameter list."""
+    if not isinstance(site.owner, type):
+        return unsupported("weight_loader defined on a layer class", f"owner {site.owner!r}")
+    names = parameter_names(site.value)
+    if names != EXPECTED_PARAMETERS:
+        found = "no inspectable signature" if names is None else f"({', '.join(names)})"
+        return unsupported(
+            f"{site.target.qualname}({', '.join(EXPECTED_PARAMETERS)})", f"{describe(site.value)}{found}"
+        )
+    return APPLY
+
+
+def fix(site: Site) -> Undo:
+    """Replace the class's ``weight_loader`` by the layout-aware wrapper."""
+    return replace_method(site.owner, site.attribute, make_weight_loader, site.patch.name)
+
+
+PATCHES = [
+    Patch(
+        name="vllm.moe_weight_loader",
+        summary=(
+            "MoE weight_loader views vllm-ascend's transposed (runtime-layout) expert weights back to "
+            "checkpoint layout before loading, so RL weight syncs without wake_up load correctly; "
+            "square (ambiguous) shapes are left alone."
+        ),
+        reference="https://github.com/vllm-project/vllm-ascend/issues/5915",
+        groups=("vllm",),
+        targets=(
+            Target.parse("vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts.weight_loader"),
+            Target.parse("vllm.model_executor.layers.fused_moe.layer:FusedMoE.weight_loader"),
+        ),
+        device="npu-stack",
+        default=True,
+        check=check,
+        fix=fix,
+    ),
+]
