@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 LOGGER_NAME = "verl_npu_autopatch"
 
+#: Logging level of each record state (others: DEBUG).
+_LOG_LEVELS = {"failed": 40, "unsupported": 30, "applied": 20, "fixed-upstream": 20, "yielded": 20, "reverted": 20}
+
 
 class PatchError(RuntimeError):
     """Raised at a target's import in strict mode; names the patch, the target and the cause."""
@@ -211,7 +214,8 @@ class Engine:
                 self._claimed.discard(patch.name)
 
     def _apply_claimed(self, patch: Patch, record: Record, module: ModuleType | None) -> Exception | None:
-        config = self._config or read_config()
+        config = self._config
+        assert config is not None, "hooks are registered only by activate()"
         stage, target = "resolve", None
         try:
             site, missing = self._resolve(patch, record, module)
@@ -299,16 +303,7 @@ class Engine:
     def _set(self, record: Record, state: str, reason: str) -> None:
         with self._lock:
             record.state, record.reason = state, reason
-        if "logging" in sys.modules or state in ("failed", "unsupported"):
-            level = {
-                "failed": 40,
-                "unsupported": 30,
-                "applied": 20,
-                "fixed-upstream": 20,
-                "yielded": 20,
-                "reverted": 20,
-            }.get(state, 10)
-            self._logger().log(level, "%s: %s (%s)", record.name, state, reason)
+        self._logger().log(_LOG_LEVELS.get(state, 10), "%s: %s (%s)", record.name, state, reason)
 
     def _record_load_error(self, name: str, error: str) -> None:
         from verl_npu_autopatch.records import Record
