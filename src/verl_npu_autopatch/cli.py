@@ -215,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="import every installed target in a fresh interpreter and report")
     doctor.add_argument("--json", action="store_true")
     doctor.add_argument("--device", choices=["npu", "auto", "none"], help="npu: dry run on a non-NPU host")
+    doctor.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="probe every node of a Ray cluster")
+    doctor.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the node probes run in")
     return parser
 
 
@@ -234,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
             rows = [[e["name"], ",".join(e["groups"]), e["default"], e["device"], e["summary"]] for e in entries]
             print(table(rows, ["patch", "groups", "default", "device", "summary"]))
         return 0
+    if args.ray is not None or args.runtime_env is not None:
+        from verl_npu_autopatch import ray_doctor
+
+        return ray_doctor.main(args)
     data = run_doctor(args.device)
     print(json.dumps(data, indent=2)) if args.json else print_doctor(data)
     return doctor_exit_code(data)

@@ -1,0 +1,106 @@
+"""Inert activation on a host without the NPU stack (``VERL_NPU_AUTOPATCH_DEVICE`` unset/auto).
+
+Run it with the python of a venv where verl-npu-autopatch is installed and torch_npu is not:
+
+    python3 bench/activation.py --python .envs/base-3.11-*/bin/python [--rounds 200]
+
+Fresh processes, interleaved rounds:
+
+1. In-process timer around ``from verl_npu_autopatch import engine; engine.activate()`` (import of
+   the engine modules included: that is what the first watched import pays); and, for scale, the
+   same with the engine module already imported (the decision alone).
+2. Paired: ``import vllm`` of the test fixture package (``tests/fixtures/site``, a two-line module,
+   NOT the real vLLM) with the package on (default) vs ``VERL_NPU_AUTOPATCH=0``: the whole cost a
+   process pays when the observer sees a watched import on a non-NPU host.
+
+Each child also reports whether wrapt or importlib.metadata got imported (they must not be).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _bench import FIXTURE_SITE, clean_env, interleave, report, spawn_timed, summary
+
+ACTIVATE = """
+import sys, time, json
+t = time.perf_counter()
+from verl_npu_autopatch import engine
+engine.activate("bench")
+dt = time.perf_counter() - t
+print(json.dumps([dt, engine.report().status, "wrapt" in sys.modules, "importlib.metadata" in sys.modules]))
+"""
+
+DECIDE = """
+import sys, time, json
+from verl_npu_autopatch import engine
+t = time.perf_counter()
+engine.activate("bench")
+dt = time.perf_counter() - t
+print(json.dumps([dt, engine.report().status, "wrapt" in sys.modules, "importlib.metadata" in sys.modules]))
+"""
+
+IMPORT_VLLM = """
+import sys, time, json
+t = time.perf_counter()
+import vllm
+dt = time.perf_counter() - t
+status = sys.modules["verl_npu_autopatch.engine"].report().status if "verl_npu_autopatch.engine" in sys.modules else "-"
+print(json.dumps([dt, status, "wrapt" in sys.modules, "importlib.metadata" in sys.modules]))
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", required=True, help="python of a venv with the package, without torch_npu")
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    seen: dict[str, set] = {}
+
+    def child(name: str, code: str, **env: str) -> float:
+        out = spawn_timed([args.python, "-c", code], clean_env(PYTHONPATH=str(FIXTURE_SITE), **env))[2]
+        elapsed, status, wrapt, metadata = json.loads(out)
+        seen.setdefault(name, set()).add(f"engine {status}, wrapt imported: {wrapt}, metadata imported: {metadata}")
+        return elapsed
+
+    for code in (ACTIVATE, IMPORT_VLLM):  # warm the page cache
+        child("warm", code)
+    activation = interleave(
+        {
+            "import engine + activate()": functools.partial(child, "import engine + activate()", ACTIVATE),
+            "activate() alone": functools.partial(child, "activate() alone", DECIDE),
+        },
+        args.rounds,
+    )
+    imports = interleave(
+        {
+            "import vllm (fixture), package on": functools.partial(child, "on", IMPORT_VLLM),
+            "import vllm (fixture), VERL_NPU_AUTOPATCH=0": functools.partial(
+                child, "off", IMPORT_VLLM, VERL_NPU_AUTOPATCH="0"
+            ),
+        },
+        args.rounds,
+    )
+    seen.pop("warm", None)
+    report(
+        "Inert activation on a non-NPU host",
+        {
+            "in-process activation, fresh processes (ms)": summary(activation, "activate() alone", "ms", 1e3),
+            "`import vllm` of the fixture package (ms)": summary(
+                imports, "import vllm (fixture), VERL_NPU_AUTOPATCH=0", "ms", 1e3
+            ),
+        },
+        {"python": args.python, "rounds": args.rounds, "children saw": {k: sorted(v) for k, v in seen.items()}},
+        args.json,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

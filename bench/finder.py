@@ -1,0 +1,132 @@
+"""Per-import cost of the start-up observer for unrelated imports.
+
+Run it with the python of a venv where verl-npu-autopatch is installed (its ``.pth`` installs the
+observer at start-up):
+
+    .envs/base-3.11-*/bin/python bench/finder.py [--modules 2000] [--rounds 60]
+
+1. Paired: import N fresh tiny modules (byte-compiled, in a temporary directory on ``sys.path``)
+   with the observer at the front of ``sys.meta_path`` vs with it removed, in interleaved rounds;
+   the per-import difference is (median A - median B) / N.
+   A third variant puts a do-nothing finder there instead: what any extra meta-path entry costs
+   (the import system takes its lock around each finder look-up).
+2. Direct: the observer's ``find_spec`` miss (an unrelated name), timed in a tight loop, next to a
+   no-op method with the same signature (the loop and call overhead), so the net cost is the
+   difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import importlib
+import shutil
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _bench import interleave, median, report, summary
+
+
+def observer():
+    """The observer the ``.pth`` installed in this interpreter."""
+    from verl_npu_autopatch import _startup
+
+    found = _startup.installed_observer()
+    if found is None:
+        raise SystemExit("no observer on sys.meta_path: run this with the python of a venv that has the package")
+    return found
+
+
+class NoOp:
+    """Same call shape as the observer's ``find_spec``; does nothing."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modules", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    finder = observer()
+    where = Path(tempfile.mkdtemp(prefix="vna-bench-finder-"))
+    names = [f"vna_bench_mod_{i:05d}" for i in range(args.modules)]
+    try:
+        for name in names:
+            (where / f"{name}.py").write_text("VALUE = 1\n")
+        compileall.compile_dir(str(where), quiet=1)
+        sys.path.insert(0, str(where))
+        importlib.invalidate_caches()
+
+        noop = NoOp()
+        finder.remove()
+
+        def import_all(front: object | None) -> float:
+            for name in names:
+                sys.modules.pop(name, None)
+            if front is not None:
+                sys.meta_path.insert(0, front)
+            start = time.perf_counter()
+            for name in names:
+                __import__(name)
+            elapsed = time.perf_counter() - start
+            if front is not None:
+                sys.meta_path.remove(front)
+            return elapsed / len(names)
+
+        import_all(finder)  # warm: directory listing cached, pyc files in the page cache
+        samples = interleave(
+            {
+                "observer installed": lambda: import_all(finder),
+                "no-op finder installed": lambda: import_all(noop),
+                "no observer": lambda: import_all(None),
+            },
+            args.rounds,
+        )
+        sys.meta_path.insert(0, finder)
+
+        loops = 1_000_000
+        direct = interleave(
+            {
+                "observer.find_spec miss": lambda: (
+                    timeit.timeit("find('vna_unrelated_name')", globals={"find": finder.find_spec}, number=loops)
+                    / loops
+                ),
+                "no-op find_spec (loop + call)": lambda: (
+                    timeit.timeit("find('vna_unrelated_name')", globals={"find": noop.find_spec}, number=loops) / loops
+                ),
+            },
+            max(5, args.rounds // 6),
+        )
+        net = median(direct["observer.find_spec miss"]) - median(direct["no-op find_spec (loop + call)"])
+        per_import = median(samples["observer installed"]) - median(samples["no observer"])
+        report(
+            "Observer cost per unrelated import",
+            {
+                f"importing {args.modules} fresh tiny modules, per import (µs)": summary(
+                    samples, "no observer", "us", 1e6
+                ),
+                "find_spec miss, per call (µs)": summary(direct, "no-op find_spec (loop + call)", "us", 1e6),
+            },
+            {
+                "python": sys.version.split()[0],
+                "per_import_overhead_us": round(per_import * 1e6, 4),
+                "find_spec_miss_net_us": round(net * 1e6, 4),
+                "modules": args.modules,
+                "rounds": args.rounds,
+            },
+            args.json,
+        )
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

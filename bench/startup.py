@@ -1,0 +1,97 @@
+"""Idle start-up: ``python -c pass`` in a venv with vs without verl-npu-autopatch, and the
+kvcached pattern (a ``.pth`` line ``import wrapt``) in the same run.
+
+Three venvs are made from the same base interpreter with ``--without-pip`` (identical but for
+what is installed): *plain*; *package* (the wheel and its dependencies, installed by pip, which
+byte-compiles them as any install does); *wrapt-pth* (wrapt plus a ``.pth`` holding ``import
+wrapt``). Measured in interleaved rounds: the wall time and child CPU time of ``python -c pass``,
+and, in-process, how long ``site.main()`` (the ``.pth`` processing) takes.
+
+    python3 bench/startup.py --python .envs/runner-3.11-*/bin/python [--wheel dist/x.whl] [--rounds 300]
+
+``--python`` must have pip >= 22.3 (``pip --python``); the venvs use its base interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _bench import ROOT, clean_env, interleave, report, run, spawn_timed, summary
+
+SITE_MAIN = "import time; t = time.perf_counter(); import site; site.main(); print(time.perf_counter() - t)"
+
+
+def make_venvs(python: str, wheel: Path, where: Path) -> dict[str, Path]:
+    """The three venvs; returns ``{variant: its python}``."""
+    base = run([python, "-c", "import sys; print(sys._base_executable)"]).strip()
+    found = {}
+    for name in ("plain", "package", "wrapt-pth"):
+        run([base, "-m", "venv", "--without-pip", where / name])
+        found[name] = where / name / "bin" / "python"
+    pip = [python, "-m", "pip", "--python"]
+    run([*pip, found["package"], "install", "-q", "--disable-pip-version-check", wheel])
+    run([*pip, found["wrapt-pth"], "install", "-q", "--disable-pip-version-check", "wrapt"])
+    purelib = run([found["wrapt-pth"], "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
+    Path(purelib, "kvcached_like.pth").write_text("import wrapt\n")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", default=sys.executable, help="interpreter with pip (its base makes the venvs)")
+    parser.add_argument("--wheel", type=Path, help="the wheel (default: the newest in dist/)")
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    wheel = args.wheel or max((ROOT / "dist").glob("verl_npu_autopatch-*.whl"), key=lambda p: p.stat().st_mtime)
+    where = Path(tempfile.mkdtemp(prefix="vna-bench-startup-"))
+    try:
+        pythons = make_venvs(args.python, wheel, where)
+        env = clean_env()
+
+        def wall(python: Path, *flags: str) -> tuple[float, float]:
+            seconds, cpu, _ = spawn_timed([str(python), *flags, "-c", "pass"], env)
+            return seconds, cpu
+
+        def site_main(python: Path) -> float:
+            return float(spawn_timed([str(python), "-S", "-c", SITE_MAIN], env)[2])
+
+        cpu: dict[str, list[float]] = {name: [] for name in pythons}
+
+        def timed(name: str) -> float:
+            seconds, used = wall(pythons[name])
+            cpu[name].append(used)
+            return seconds
+
+        for name in pythons:  # warm the page cache
+            wall(pythons[name])
+            site_main(pythons[name])
+        walls = interleave({name: functools.partial(timed, name) for name in pythons}, args.rounds)
+        sites = interleave({name: functools.partial(site_main, p) for name, p in pythons.items()}, args.rounds)
+        report(
+            "Idle start-up: python -c pass",
+            {
+                "process wall time of `python -c pass` (ms)": summary(walls, "plain", "ms", 1e3),
+                "child CPU time (user+sys) of `python -c pass` (ms)": summary(cpu, "plain", "ms", 1e3),
+                "in-process `site.main()` (.pth processing) (ms)": summary(sites, "plain", "ms", 1e3),
+            },
+            {
+                "python": run([pythons["plain"], "-c", "import sys; print(sys.version.split()[0])"]).strip(),
+                "wheel": wheel.name,
+                "rounds": args.rounds,
+            },
+            args.json,
+        )
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""``verl-npu-autopatch doctor --ray [ADDRESS]``: the ``status`` probe on every alive node of a
+Ray cluster, compared node by node.
+
+One probe task is pinned to each alive node (``NodeAffinitySchedulingStrategy``, ``num_cpus=0``,
+a fresh worker per probe), optionally inside a given ``runtime_env``. The probe is pickled by
+value and imports only the standard library until it has checked that ``verl_npu_autopatch`` can
+be found, so a node without the package is reported rather than failing to unpickle the task.
+Ray is imported lazily here and is never a dependency of the package.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from verl_npu_autopatch.records import table
+
+#: How long to wait for all probes (a pip ``runtime_env`` is built on each node first).
+TIMEOUT_S = 900.0
+
+#: Per-node facts compared across nodes; any difference is a disagreement.
+COMPARED = ("installed", "version", "hook", "device", "configuration", "distributions")
+
+#: Exit codes: every node has the package and all agree / a problem was found / Ray unusable.
+OK, PROBLEMS, UNUSABLE = 0, 1, 2
+
+
+def _make_probe() -> Callable[[], dict[str, Any]]:
+    """The function each probe task runs. It is a nested function so that cloudpickle ships it by
+    value: unpickling it on a node must not import ``verl_npu_autopatch``."""
+
+    def probe() -> dict[str, Any]:
+        import importlib.util
+        import os
+        import socket
+        import sys
+
+        found: dict[str, Any] = {
+            "python": sys.executable,
+            "prefix": sys.prefix,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "installed": False,
+            "error": None,
+            "status": None,
+        }
+        try:
+            spec = importlib.util.find_spec("verl_npu_autopatch")
+        except Exception as exc:
+            spec, found["error"] = None, f"{type(exc).__name__}: {exc}"
+        if spec is None:
+            found["error"] = found["error"] or "verl_npu_autopatch cannot be imported by this interpreter"
+            return found
+        found["installed"] = True
+        found["package"] = spec.origin
+        try:
+            from verl_npu_autopatch import cli
+
+            found["status"] = cli.status_data()
+        except Exception as exc:
+            found["error"] = f"the status probe raised {type(exc).__name__}: {exc}"
+        return found
+
+    return probe
+
+
+# --------------------------------------------------------------------------- summarising
+def _hook(status: dict[str, Any]) -> str:
+    """Did the start-up hook run in the probe's (fresh) worker process?"""
+    if status["observer_installed"]:
+        return "observer"
+    if not status["configuration"]["enabled"]:
+        return "switched off"
+    return "NOT RUN"
+
+
+def summarize(node: dict[str, Any], found: dict[str, Any] | None, error: str | None = None) -> dict[str, Any]:
+    """One node's row: what the probe found there (or why it could not run)."""
+    entry: dict[str, Any] = {
+        "node_id": node["NodeID"],
+        "address": node.get("NodeManagerAddress", ""),
+        "hostname": node.get("NodeManagerHostname", ""),
+        "head": "node:__internal_head__" in node.get("Resources", {}),
+        "python": (found or {}).get("python"),
+        "installed": None if found is None else bool(found["installed"]),
+        "error": error or (found or {}).get("error"),
+        "version": None,
+        "hook": None,
+        "device": None,
+        "configuration": None,
+        "distributions": None,
+        "would_apply": [],
+        "patches": {},
+        "status": None,
+    }
+    status = (found or {}).get("status")
+    if status:
+        entry.update(
+            version=status["version"],
+            hook=_hook(status),
+            device=status["device"],
+            configuration={k: v for k, v in status["configuration"].items() if k != "warnings"},
+            distributions=status["distributions"],
+            would_apply=[p["name"] for p in status["patches"] if p["state"] == "would apply"],
+            patches={p["name"]: p["state"] for p in status["patches"]},
+            status=status,
+        )
+    return entry
+
+
+def _label(entry: dict[str, Any]) -> str:
+    return entry["node_id"][:8] + (" (head)" if entry["head"] else "")
+
+
+def _majority(values: list[str]) -> str:
+    """The most common value; on a tie, the one seen first (the head node comes first)."""
+    counts = Counter(values)
+    best = max(counts.values())
+    return next(v for v in values if counts[v] == best)
+
+
+def _compared(entries: list[dict[str, Any]], field: str) -> dict[str, str]:
+    """``{node label: JSON of field}`` over the nodes where ``field`` is known: ``installed``
+    wherever the probe ran, the rest wherever the package answered."""
+    known = "installed" if field == "installed" else "status"
+    return {_label(e): json.dumps(e[field], sort_keys=True) for e in entries if e[known] is not None}
+
+
+def disagreements(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Facts that differ between nodes: ``{"field", "majority", "values": {node label: value}}``."""
+    found = []
+    compared = {field: _compared(entries, field) for field in COMPARED}
+    probed = [e for e in entries if e["status"] is not None]
+    for name in dict.fromkeys(name for e in probed for name in e["patches"]):
+        compared[f"patch {name}"] = {_label(e): json.dumps(e["patches"].get(name, "absent")) for e in probed}
+    for field, values in compared.items():
+        if len(set(values.values())) > 1:
+            found.append(
+                {
+                    "field": field,
+                    "majority": json.loads(_majority(list(values.values()))),
+                    "values": {label: json.loads(value) for label, value in values.items()},
+                }
+            )
+    return found
+
+
+def _short(error: str) -> str:
+    """First and last line of an error (a runtime_env failure's cause is at the end)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+
+
+def problems(entries: list[dict[str, Any]], disagreeing: list[dict[str, Any]]) -> list[str]:
+    """Why the exit status is non-zero, one line each (empty when all is well)."""
+    found = []
+    for entry in entries:
+        where = f"node {_label(entry)} ({entry['address']}, python {entry['python'] or '?'})"
+        if entry["installed"] is None:
+            found.append(f"{where}: the probe did not run: {_short(entry['error'])}")
+        elif not entry["installed"]:
+            found.append(f"{where}: verl-npu-autopatch is not installed ({entry['error']})")
+        elif entry["error"]:
+            found.append(f"{where}: {_short(entry['error'])}")
+        elif entry["hook"] == "NOT RUN":
+            found.append(
+                f"{where}: the package imports but its start-up hook did not run in a fresh worker "
+                "(.pth not processed: package shipped on PYTHONPATH via py_modules/working_dir, or python -S?)"
+            )
+    found += [f"nodes disagree on {d['field']}" for d in disagreeing]
+    return found
+
+
+# --------------------------------------------------------------------------- running
+def _probe_nodes(ray: Any, runtime_env: dict[str, Any] | None, timeout: float) -> list[dict[str, Any]]:
+    """One probe pinned to each alive node (head first); a summary per node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes.sort(key=lambda n: ("node:__internal_head__" not in n.get("Resources", {}), n["NodeID"]))
+    remote = ray.remote(num_cpus=0, max_calls=1, max_retries=0)(_make_probe())
+    options = {"runtime_env": runtime_env} if runtime_env else {}
+    refs = []
+    for node in nodes:
+        pinned = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        refs.append(remote.options(scheduling_strategy=pinned, **options).remote())
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    entries = []
+    for node, ref in zip(nodes, refs, strict=True):
+        if ref not in ready:
+            ray.cancel(ref, force=True)
+            entries.append(summarize(node, None, f"no answer within {timeout:.0f} s"))
+            continue
+        try:
+            entries.append(summarize(node, ray.get(ref)))
+        except Exception as exc:  # e.g. RuntimeEnvSetupError: the runtime_env failed on that node
+            entries.append(summarize(node, None, f"{type(exc).__name__}: {str(exc).strip()}"))
+    return entries
+
+
+def probe_cluster(address: str, runtime_env: dict[str, Any] | None, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    """Connect to the cluster at ``address`` as a job with ``runtime_env`` (so local
+    ``py_modules``/``working_dir`` are uploaded as for any job), probe every alive node, compare."""
+    data: dict[str, Any] = {"address": address, "runtime_env": runtime_env}
+    try:
+        import ray
+    except ImportError as exc:
+        return {**data, "error": f"ray is not installed in this environment ({exc})"}
+    started = not ray.is_initialized()  # else: called from inside a driver; use task-level runtime_env
+    try:
+        if started:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
+        entries = _probe_nodes(ray, None if started else runtime_env, timeout)
+    except Exception as exc:
+        return {**data, "error": f"cannot probe the Ray cluster at {address!r}: {type(exc).__name__}: {exc}"}
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()
+    disagreeing = disagreements(entries)
+    return {**data, "nodes": entries, "disagreements": disagreeing, "problems": problems(entries, disagreeing)}
+
+
+def exit_code(data: dict[str, Any]) -> int:
+    if data.get("error") or not data.get("nodes"):
+        return UNUSABLE
+    return PROBLEMS if data["problems"] else OK
+
+
+# --------------------------------------------------------------------------- printing
+COLUMNS = (
+    ("address", "address"),
+    ("installed", "installed"),
+    ("version", "version"),
+    ("start-up hook", "hook"),
+    ("device", "device"),
+    ("would apply", "would_apply"),
+)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, list):
+        return ", ".join(value) or "-"
+    return str(value)
+
+
+def _odd_ones(entries: list[dict[str, Any]], field: str) -> set[str]:
+    """Labels of the nodes whose ``field`` differs from the majority."""
+    values = _compared(entries, field)
+    if len(set(values.values())) < 2:
+        return set()
+    majority = _majority(list(values.values()))
+    return {label for label, value in values.items() if value != majority}
+
+
+def render(data: dict[str, Any]) -> str:
+    """The node-by-node table (cells that differ from the majority marked ``*``), then the
+    disagreements and problems."""
+    if data.get("error"):
+        return f"doctor --ray: {data['error']}"
+    if not data["nodes"]:
+        return f"doctor --ray: no alive node in the cluster at {data['address']}"
+    entries = data["nodes"]
+    odd = {field: _odd_ones(entries, field) for _, field in COLUMNS}
+    rows = [
+        [_label(e)] + [_text(e[field]) + (" *" if _label(e) in odd[field] else "") for _, field in COLUMNS]
+        for e in entries
+    ]
+    env = f", runtime_env {json.dumps(data['runtime_env'])}" if data["runtime_env"] else ""
+    lines = [f"verl-npu-autopatch doctor --ray: {len(entries)} alive node(s) at {data['address']}{env}", ""]
+    lines += [table(rows, ["node"] + [name for name, _ in COLUMNS]), "", "python per node:"]
+    lines += [f"  {_label(e)}: {e['python'] or '?'}" for e in entries]
+    if data["disagreements"]:
+        lines += ["", "DISAGREEMENTS (cells marked * differ from the majority):"]
+        for item in data["disagreements"]:
+            values = "; ".join(f"{node}: {json.dumps(v)}" for node, v in item["values"].items())
+            lines.append(f"  {item['field']}: {values}")
+    if data["problems"]:
+        lines += ["", "PROBLEMS:"] + [f"  {text}" for text in data["problems"]]
+    else:
+        lines += ["", "all nodes have verl-npu-autopatch and agree"]
+    return "\n".join(lines)
+
+
+def main(args: Any) -> int:
+    """The ``doctor --ray`` branch of the command line (``args`` from ``cli.build_parser``)."""
+    if args.ray is None:
+        print("doctor: --runtime-env needs --ray", file=sys.stderr)
+        return UNUSABLE
+    runtime_env: dict[str, Any] | None = None
+    if args.runtime_env:
+        try:
+            runtime_env = json.loads(args.runtime_env)
+        except json.JSONDecodeError as exc:
+            print(f"doctor: --runtime-env is not valid JSON: {exc}", file=sys.stderr)
+            return UNUSABLE
+        if not isinstance(runtime_env, dict):
+            print("doctor: --runtime-env must be a JSON object", file=sys.stderr)
+            return UNUSABLE
+    if args.device:
+        runtime_env = dict(runtime_env or {})
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), "VERL_NPU_AUTOPATCH_DEVICE": args.device}
+    data = probe_cluster(args.ray, runtime_env)
+    print(json.dumps(data, indent=2) if args.json else render(data))
+    return exit_code(data)

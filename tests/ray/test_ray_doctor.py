@@ -1,0 +1,124 @@
+"""``verl-npu-autopatch doctor --ray ADDRESS``, run as users run it (the runner venv's console
+script, a second driver) against the local two-node cluster of ``conftest.py``: the head node's
+Python has the package, the bare node's does not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from support.children import FIXTURE_SITE, clean_env
+
+if TYPE_CHECKING:
+    from conftest import Cluster
+
+
+def doctor(python: Path, cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(python.parent / "verl-npu-autopatch"), "doctor", "--ray", cluster.address, *args]
+    return subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=900, check=False)
+
+
+def doctor_json(python: Path, cluster: Cluster, *args: str) -> tuple[int, dict[str, Any]]:
+    proc = doctor(python, cluster, "--json", *args)
+    assert proc.stdout.strip(), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def by_node(data: dict[str, Any], cluster: Cluster) -> tuple[dict[str, Any], dict[str, Any]]:
+    nodes = {n["node_id"]: n for n in data["nodes"]}
+    assert set(nodes) == {cluster.head_id, cluster.bare_id}
+    return nodes[cluster.head_id], nodes[cluster.bare_id]
+
+
+def test_a_node_without_the_package_is_reported_and_fails(runner_python: Path, cluster: Cluster) -> None:
+    code, data = doctor_json(runner_python, cluster)
+    head, bare = by_node(data, cluster)
+    assert code == 1
+    assert head["installed"] is True and head["version"] == "0.1.0" and head["hook"] == "observer"
+    assert head["python"] == str(runner_python)
+    assert bare["installed"] is False and bare["python"] == str(cluster.bare_prefix / "bin" / "python")
+    assert "cannot be imported" in bare["error"]
+    assert [d["field"] for d in data["disagreements"]] == ["installed"]
+    assert any("verl-npu-autopatch is not installed" in p and cluster.bare_id[:8] in p for p in data["problems"])
+
+
+def test_table_marks_the_odd_node(runner_python: Path, cluster: Cluster) -> None:
+    proc = doctor(runner_python, cluster)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    (head_row,) = [line for line in lines if line.startswith(cluster.head_id[:8] + " (head)")]
+    (bare_row,) = [line for line in lines if line.startswith(cluster.bare_id[:8] + " ")]
+    assert head_row.split()[3:6] == ["yes", "0.1.0", "observer"]
+    assert bare_row.split()[2:4] == ["NO", "*"]
+    assert "DISAGREEMENTS (cells marked * differ from the majority):" in lines
+    assert f"  installed: {cluster.head_id[:8]} (head): true; {cluster.bare_id[:8]}: false" in lines
+    assert "PROBLEMS:" in lines
+
+
+def test_wheel_in_the_runtime_env_puts_the_package_on_every_node(
+    runner_python: Path, cluster: Cluster, wheel: Path
+) -> None:
+    code, data = doctor_json(runner_python, cluster, "--runtime-env", json.dumps({"pip": [str(wheel)]}))
+    head, bare = by_node(data, cluster)
+    assert (code, data["problems"], data["disagreements"]) == (0, [], []), data["problems"]
+    for node in (head, bare):
+        assert node["installed"] is True and node["version"] == "0.1.0"
+        assert node["hook"] == "observer"  # the .pth ran in the probe's worker
+        assert node["device"] == "none (torch_npu not installed)"
+    assert Path(bare["python"]).is_relative_to(cluster.bare_temp)  # the runtime_env's venv on that node
+
+
+def test_master_switch_in_runtime_env_vars_shows_on_every_node(
+    runner_python: Path, cluster: Cluster, wheel: Path
+) -> None:
+    env = {"pip": [str(wheel)], "env_vars": {"VERL_NPU_AUTOPATCH": "0"}}
+    code, data = doctor_json(runner_python, cluster, "--runtime-env", json.dumps(env))
+    assert code == 0, data["problems"]
+    for node in by_node(data, cluster):
+        assert node["hook"] == "switched off" and node["device"] == "-"
+        assert node["configuration"]["enabled"] is False
+        assert node["would_apply"] == []
+
+
+def test_device_npu_shows_which_patches_would_apply(runner_python: Path, cluster: Cluster, wheel: Path) -> None:
+    env = {"pip": [str(wheel)], "env_vars": {"PYTHONPATH": str(FIXTURE_SITE)}}
+    code, data = doctor_json(runner_python, cluster, "--runtime-env", json.dumps(env), "--device", "npu")
+    assert code == 0, data["problems"]
+    assert data["runtime_env"]["env_vars"]["VERL_NPU_AUTOPATCH_DEVICE"] == "npu"
+    for node in by_node(data, cluster):
+        assert node["device"] == "npu (forced)"
+        assert "fixture.forward" in node["would_apply"]  # the test plugin, found through PYTHONPATH
+        assert "fixture.optin" not in node["would_apply"]  # opt-in
+        assert node["patches"]["fixture.gated"] == "gated"
+
+
+def test_package_shipped_by_py_modules_is_flagged(
+    runner_python: Path, cluster: Cluster, wheel: Path, tmp_path: Path
+) -> None:
+    """py_modules puts the package on PYTHONPATH, whose .pth files Python never processes: it
+    imports on the bare node, but nothing installs the observer there."""
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(tmp_path, [n for n in archive.namelist() if n.startswith("verl_npu_autopatch/")])
+    env = {"py_modules": [str(tmp_path / "verl_npu_autopatch")]}
+    code, data = doctor_json(runner_python, cluster, "--runtime-env", json.dumps(env))
+    head, bare = by_node(data, cluster)
+    assert code == 1
+    assert head["hook"] == "observer"
+    assert bare["installed"] is True and bare["hook"] == "NOT RUN"
+    assert "runtime_resources/py_modules_files" in bare["status"]["package"]
+    assert [d["field"] for d in data["disagreements"]] == ["hook"]
+    assert any("start-up hook did not run" in p and cluster.bare_id[:8] in p for p in data["problems"])
+
+
+def test_runtime_env_without_ray_is_refused(runner_python: Path) -> None:
+    proc = subprocess.run(
+        [str(runner_python.parent / "verl-npu-autopatch"), "doctor", "--runtime-env", "{}"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2 and "--runtime-env needs --ray" in proc.stderr
