@@ -33,7 +33,7 @@ from _bench import interleave, median, report, summary
 
 def observer():
     """The observer the ``.pth`` installed in this interpreter."""
-    from verl_npu_autopatch import _startup
+    import verl_npu_autopatch as _startup
 
     found = _startup.installed_observer()
     if found is None:

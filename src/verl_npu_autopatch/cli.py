@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import verl_npu_autopatch
 from verl_npu_autopatch import __version__, catalog, gates, probes
 from verl_npu_autopatch.config import VARIABLES, read_config
 from verl_npu_autopatch.records import table
@@ -68,7 +69,6 @@ def install_files() -> list[str]:
 def status_data() -> dict[str, Any]:
     """This environment, configuration, device decision and each patch's gates, without
     importing any target."""
-    startup = sys.modules.get("verl_npu_autopatch._startup")  # imported by the .pth, if it ran
     config = read_config()
     device, inert = gates.device_decision(config)
     patches, load_errors = catalog.load()
@@ -93,7 +93,7 @@ def status_data() -> dict[str, Any]:
         "package": str(Path(__file__).parent),
         "python": sys.executable,
         "install_files": files,
-        "observer_installed": startup is not None and startup.installed_observer() is not None,
+        "observer_installed": verl_npu_autopatch.installed_observer() is not None,
         "site_disabled": bool(sys.flags.no_site),
         "configuration": config.to_dict(),
         "warnings": warnings,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import _thread
 import sys
 
+import verl_npu_autopatch
 from verl_npu_autopatch import gates, probes
 from verl_npu_autopatch.config import Config, read_config
 
@@ -423,8 +424,7 @@ def engine() -> Engine:
 def activate(trigger: str = "api") -> None:
     """Activate the process-wide engine (idempotent). Use it where ``.pth`` files are not
     processed: ``python -S``, embedded interpreters, code on ``PYTHONPATH`` only."""
-    startup = sys.modules.get("verl_npu_autopatch._startup")
-    observer = startup.installed_observer() if startup else None
+    observer = verl_npu_autopatch.installed_observer()
     if observer is not None:
         observer.remove()  # activation is done (or decided against): nothing left to observe
     _ENGINE.activate(trigger)
@@ -432,6 +432,8 @@ def activate(trigger: str = "api") -> None:
 
 def report() -> Report:
     """What the process-wide engine decided so far, patch by patch."""
+    if _ENGINE.status == "not-activated" and verl_npu_autopatch.woken_inert:
+        _ENGINE.activate(verl_npu_autopatch.woken_inert)  # the start-up hook found it inert; say why
     return _ENGINE.report()
 
 

@@ -3,6 +3,7 @@ is it disabled, gated, or pending on which target variants. Shared by the engine
 
 from __future__ import annotations
 
+import verl_npu_autopatch
 from verl_npu_autopatch import probes
 
 TYPE_CHECKING = False
@@ -17,16 +18,7 @@ def device_decision(config: Config) -> tuple[str, str]:
     """``(device, inert reason)``; the reason is empty when the engine should act."""
     if not config.enabled:
         return "-", "switched off by VERL_NPU_AUTOPATCH"
-    if config.device == "none":
-        return "none", "VERL_NPU_AUTOPATCH_DEVICE=none"
-    if config.device == "npu":
-        return "npu (forced)", ""
-    if probes.npu_stack_installed():
-        return "npu (torch_npu installed)", ""
-    return (
-        "none (torch_npu not installed)",
-        "no NPU stack: torch_npu is not installed (VERL_NPU_AUTOPATCH_DEVICE=auto)",
-    )
+    return verl_npu_autopatch.device_decision(config.device)
 
 
 class Plan:

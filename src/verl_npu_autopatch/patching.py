@@ -62,11 +62,27 @@ def chain(*undos: Undo) -> Undo:
 
 
 def normalized_source(obj: Any) -> str | None:
-    """The source of ``obj`` with all whitespace removed, or ``None`` when it has no source."""
+    """The source of ``obj`` with all whitespace removed, or ``None`` when it has no source.
+
+    For a class: the sources of the functions it defines, joined in definition order. Each is
+    read from the function's own lines; ``inspect.getsource(cls)`` would re-parse the whole
+    module on every call before Python 3.13 (0.2 s for a transformers modeling module).
+    """
+    obj = getattr(obj, "__func__", obj)
+    if isinstance(obj, type):
+        parts = [normalized_source(_function_of(v)) for v in vars(obj).values() if _function_of(v) is not None]
+        found = [p for p in parts if p]
+        return "".join(found) if found else None
     try:
-        return "".join(inspect.getsource(getattr(obj, "__func__", obj)).split())
+        return "".join(inspect.getsource(obj).split())
     except (OSError, TypeError):
         return None
+
+
+def _function_of(value: Any) -> Any:
+    """The plain function behind a class attribute (method, static/class method, property)."""
+    value = getattr(value, "fget", None) if isinstance(value, property) else getattr(value, "__func__", value)
+    return value if inspect.isfunction(value) else None
 
 
 def parameter_names(obj: Any) -> tuple[str, ...] | None:

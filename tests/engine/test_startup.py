@@ -27,7 +27,7 @@ def test_wheel_root_holds_both_startup_files(wheel: Path) -> None:
     assert "verl_npu_autopatch.pth" in names
     assert "verl_npu_autopatch.start" in names
     start = zipfile.ZipFile(wheel).read("verl_npu_autopatch.start").decode("utf-8-sig").split()
-    assert start == ["verl_npu_autopatch._startup:install"]
+    assert start == ["verl_npu_autopatch:install"]
     assert "verl_npu_autopatch/py.typed" in names
 
 
@@ -43,7 +43,7 @@ def test_startup_imports_nothing_heavy(any_python: Path, tmp_path: Path) -> None
     without = set(run_json(bare / "bin" / "python", MODULES, fixtures=False))
     with_package = set(run_json(any_python, MODULES, fixtures=False))
     # site.py itself (3.13+) loads the utf-8-sig codec to read any .pth file
-    assert with_package - without - {"encodings.utf_8_sig"} == {"verl_npu_autopatch", "verl_npu_autopatch._startup"}
+    assert with_package - without - {"encodings.utf_8_sig"} == {"verl_npu_autopatch"}
 
 
 def test_master_switch_installs_nothing(any_python: Path) -> None:

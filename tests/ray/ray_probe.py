@@ -28,7 +28,7 @@ def startup() -> dict[str, Any]:
         "executable": sys.executable,
         "prefix": sys.prefix,
         "observers": [type(f).__name__ for f in sys.meta_path if getattr(f, "verl_npu_autopatch_observer", False)],
-        "startup_loaded": "verl_npu_autopatch._startup" in sys.modules,
+        "startup_loaded": "verl_npu_autopatch" in sys.modules,
         "package_file": package_file,
         "installed_from": (direct_url or {}).get("url"),
         "pytest_findable": importlib.util.find_spec("pytest") is not None,
