@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    wheel = args.wheel or max((ROOT / "dist").glob("verl_npu_autopatch-*.whl"), key=lambda p: p.stat().st_mtime)
+    wheel = args.wheel or max((ROOT / "dist").rglob("verl_npu_autopatch-*.whl"), key=lambda p: p.stat().st_mtime)
     where = Path(tempfile.mkdtemp(prefix="vna-bench-startup-"))
     try:
         pythons = make_venvs(args.python, wheel, where)

@@ -1,0 +1,69 @@
+"""What the ``.pth`` line costs, piece by piece: ``site.main()`` in one venv with the package,
+the ``verl_npu_autopatch.pth`` file's content swapped between variants, paired against no file.
+
+    python3 bench/pth_content.py --python .envs/base-3.11-*/bin/python [--rounds 120]
+
+The file is restored afterwards. Variants: none; ``import os`` (an import line that loads
+nothing new); the shipped guard around ``import os`` only; a bare import of the package; the
+shipped line; and a guard that reads ``site.addpackage``'s local ``sitedir`` (not shipped: it
+relies on a CPython implementation detail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _bench import ROOT, clean_env, interleave, report, run, summary
+
+SITE_MAIN = "import os, time; import site; t = time.perf_counter(); site.main(); print(time.perf_counter() - t)"
+SHIPPED = (ROOT / "verl_npu_autopatch.pth").read_text()
+VARIANTS = {
+    "no .pth": None,
+    "import os": "import os\n",
+    "guard around import os": SHIPPED.replace("from verl_npu_autopatch import install", "import os").replace(
+        "install()", "pass"
+    ),
+    "bare import of the package": "import verl_npu_autopatch; verl_npu_autopatch.install()\n",
+    "shipped line": SHIPPED,
+    "sitedir guard (not shipped)": (
+        "import os; 'sitedir' in dir() and not os.path.isdir(os.path.join(sitedir, 'verl_npu_autopatch'))"
+        " or __import__('verl_npu_autopatch').install()\n"
+    ),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", required=True, help="a venv's python with the package installed")
+    parser.add_argument("--rounds", type=int, default=120)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    purelib = Path(run([args.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
+    pth = purelib / "verl_npu_autopatch.pth"
+    original = pth.read_text()
+    env = clean_env()
+
+    def variant(content: str | None):
+        def measure() -> float:
+            if content is None:
+                pth.unlink(missing_ok=True)
+            else:
+                pth.write_text(content)
+            return float(run([args.python, "-S", "-c", SITE_MAIN], env=env))
+
+        return measure
+
+    try:
+        samples = interleave({name: variant(text) for name, text in VARIANTS.items()}, args.rounds)
+    finally:
+        pth.write_text(original)
+    rows = summary(samples, "no .pth", "ms", 1e3)
+    report("The .pth line, piece by piece: site.main()", {"site.main() (ms)": rows}, {"rounds": args.rounds}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
