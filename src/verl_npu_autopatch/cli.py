@@ -189,6 +189,8 @@ def print_doctor(data: dict[str, Any]) -> None:
         print(f"doctor: the child interpreter crashed ({data['reason']})\n{data['stderr']}")
         return
     print(f"engine: {data['status']} ({data['reason']}); device: {data['device']}; pid {data['pid']}")
+    if data["status"] == "inactive" and not data["records"]:
+        print("nothing is patched on this host; `verl-npu-autopatch doctor --device npu` is a dry run of an NPU host")
     for text in data["warnings"]:
         print(f"WARNING: {text}")
     rows = [[r["name"], r["state"], r["target"], r["reason"]] for r in data["records"]]
@@ -221,6 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # e.g. `verl-npu-autopatch status | head`
+        sys.stderr.close()
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "status":
         data = status_data()

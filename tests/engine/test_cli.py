@@ -113,6 +113,7 @@ def test_doctor_on_inert_host(base_python: Path) -> None:
     proc = cli(base_python, "doctor", "--json")
     data = json.loads(proc.stdout)
     assert proc.returncode == 0 and data["status"] == "inactive" and data["records"] == []
+    assert "doctor --device npu` is a dry run" in cli(base_python, "doctor").stdout
 
 
 def test_real_transformers_module_patched_by_entry_point_plugin(hf_python: Path) -> None:
