@@ -8,6 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 from support.children import run, run_json
 
 OBSERVERS = (
@@ -106,17 +107,18 @@ def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) 
     assert (proc.stdout, proc.stderr) == ("ok\n", "")
 
 
-def test_editable_install_and_uninstall(tmp_path: Path, base_python: Path) -> None:
+@pytest.mark.parametrize("editable", [False, True], ids=["pip-install-dot", "pip-install-e"])
+def test_source_install_and_uninstall(tmp_path: Path, base_python: Path, editable: bool) -> None:
+    """``pip install .`` and ``pip install -e .`` both leave a working ``.pth``; uninstall removes it."""
     root = Path(__file__).parents[2]
-    env = tmp_path / "editable"
+    env = tmp_path / "env"
     subprocess.run([str(base_python), "-m", "venv", str(env)], check=True)
     python = env / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "-e", str(root)], check=True, capture_output=True)
+    subprocess.run([*pip, *(["-e"] if editable else []), str(root)], check=True, capture_output=True)
     assert run_json(python, OBSERVERS, fixtures=False) == ["Observer"]
-    assert run(
-        python, "import verl_npu_autopatch; print(verl_npu_autopatch.__file__)", fixtures=False
-    ).stdout.startswith(str(root / "src"))
+    location = run(python, "import verl_npu_autopatch; print(verl_npu_autopatch.__file__)", fixtures=False).stdout
+    assert location.startswith(str(root / "src")) is editable
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "verl-npu-autopatch"], check=True)
     purelib = site_packages(python)
     assert not [p.name for p in purelib.iterdir() if "verl_npu_autopatch" in p.name]
