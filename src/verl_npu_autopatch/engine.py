@@ -1,9 +1,10 @@
 """Activation, hook registration, guarded application and the in-process records.
 
-The module imports only the standard library's lightest parts at top level: on a host without
-the NPU stack, :func:`activate` decides "inactive" and returns without importing wrapt,
-``logging``, ``importlib.metadata`` or ``dataclasses``. Everything heavier is imported on the
-active path only.
+The start-up module usually decides "inactive" on a host without the NPU stack before this
+module is ever imported. When it is imported there anyway (``report()``, ``activate()``, the vLLM
+plugin), :func:`activate` still decides that from the configuration alone, without importing
+wrapt, ``logging``, ``importlib.metadata`` or ``dataclasses``; everything heavier is imported on
+the active path only.
 """
 
 from __future__ import annotations
