@@ -15,19 +15,6 @@ Undo = Callable[[], None]
 #: the target's import); ``any``: no requirement. ``VERL_NPU_AUTOPATCH_DEVICE=npu`` passes all.
 Device = Literal["npu-stack", "npu-device", "any"]
 
-#: Record states, in the order a patch can move through them.
-STATES = (
-    "pending",
-    "applied",
-    "disabled",
-    "gated",
-    "fixed-upstream",
-    "unsupported",
-    "yielded",
-    "failed",
-    "reverted",
-)
-
 
 @dataclass(frozen=True)
 class Target:
