@@ -99,6 +99,7 @@ def _write(*_args):
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "process": multiprocessing.current_process().name,
+        "argv0": sys.argv[0] if sys.argv else "",
         "loaded": [m for m in TARGETS if m in sys.modules],
         "report": verl_npu_autopatch.report().to_dict(),
     }
@@ -117,6 +118,9 @@ def register():
     for module in TARGETS:
         wrapt.register_post_import_hook(_write, module)
 '''
+
+#: ``sys.argv[0]`` of vLLM's model-inspection subprocess (``python -m ...models.registry``).
+REGISTRY_SCRIPT = "vllm/model_executor/models/registry.py"
 
 DRIVER = """
 import json, os
@@ -213,6 +217,9 @@ def test_real_vllm_engine_processes_report_patches_applied(tmp_path: Path) -> No
         PYTHONPATH=str(site),
         VNPA_PROBE_DIR=str(out),
         VNPA_MODEL=str(model),
+        # A cold cache every run: vLLM then inspects the model class in a subprocess of the driver
+        # (``python -m vllm.model_executor.models.registry``), which imports the MoE layer too.
+        VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"),
     )
     proc = subprocess.run(
         [sys.executable, "-c", DRIVER], env=env, capture_output=True, text=True, timeout=900, check=False
@@ -222,7 +229,9 @@ def test_real_vllm_engine_processes_report_patches_applied(tmp_path: Path) -> No
     assert len(driver["tokens"]) == 4
 
     reports = [json.loads(p.read_text()) for p in out.glob("*.json")]
-    by_process = {r["process"]: r for r in reports if r["pid"] != driver["pid"]}
+    inspectors = [r for r in reports if r["argv0"].endswith(REGISTRY_SCRIPT)]
+    assert all(r["ppid"] == driver["pid"] for r in inspectors)  # the driver's model inspection
+    by_process = {r["process"]: r for r in reports if r["pid"] != driver["pid"] and r not in inspectors}
     engine_core = [r for name, r in by_process.items() if name.startswith("EngineCore")]
     assert engine_core, sorted(by_process)
     rotary = expected_rotary_state()
@@ -243,6 +252,9 @@ def test_real_vllm_engine_processes_report_patches_applied(tmp_path: Path) -> No
     core_pids = {r["pid"] for r in engine_core}
     assert all(r["ppid"] == driver["pid"] for r in engine_core)  # EngineCore: the driver's child
     assert all(r["pid"] in core_pids or r["ppid"] in core_pids for r in loaders)
+    for r in inspectors:  # the inspection subprocess builds no model, but its records are armed too
+        assert r["report"]["status"] == "active", r
+        assert states(r["report"])[MOE] == ("applied" if routed in r["loaded"] else "pending"), r
     summary = {
         name: {n: s for n, s in states(r["report"]).items() if n in (MOE, ROTARY)} for name, r in by_process.items()
     }
