@@ -181,7 +181,7 @@ def run_doctor(device: str | None) -> dict[str, Any]:
 def doctor_exit_code(data: dict[str, Any]) -> int:
     if data["status"] in ("crashed", "failed"):
         return 2
-    return 1 if any(r["state"] == "failed" for r in data["records"]) else 0
+    return 1 if any(r["state"] in ("failed", "superseded") for r in data["records"]) else 0
 
 
 def print_doctor(data: dict[str, Any]) -> None:
