@@ -256,16 +256,19 @@ class Engine:
                 self._remember(site, reason)
                 return self._finish(record, "applied", reason, config, patch)
             stage = "check"
+            applied = "fix installed"
             if patch.check is not None:
                 verdict = patch.check(site)
                 if verdict.action != "apply":
                     return self._finish(record, verdict.action, verdict.reason, config, patch)
+                if verdict.reason:  # e.g. which other owner's callable the fix replaces
+                    applied = f"fix installed; {verdict.reason}"
             stage = "fix"
             undo = patch.fix(site)
             with self._lock:
                 self._undo[patch.name] = undo
-            self._remember(site, "fix installed")
-            return self._finish(record, "applied", "fix installed", config, patch)
+            self._remember(site, applied)
+            return self._finish(record, "applied", applied, config, patch)
         except Exception as exc:
             where = target or (module.__name__ if module else patch.name)
             reason = f"{stage} raised {type(exc).__name__}: {exc}"
@@ -387,6 +390,18 @@ class Engine:
                     where.reason = f"{where.reason}; again after importlib.reload"
             if where is not None:
                 self._set(record, "applied", where.reason)
+
+    def note(self, name: str, text: str) -> None:
+        """Add ``text`` to the reason of applied patch ``name`` (once): a fix telling what it did
+        since it was installed, e.g. a duplicate it turned into a no-op. Never raises."""
+        with self._lock:
+            record, where = self.records.get(name), self._installed.get(name)
+            if record is None or where is None or text in where.reason:
+                return
+            where.reason = f"{where.reason}; {text}"
+            state = record.state
+        if state == "applied":
+            self._set(record, state, where.reason)
 
     # ----------------------------------------------------------------- records
     def _set(self, record: Record, state: str, reason: str) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from verl_npu_autopatch.patching import describe, marked_by
+from verl_npu_autopatch.patching import marked_by, origin
 from verl_npu_autopatch.spec import Patch, Site, Target
 
 #: ``Installation.value`` of a fix that did not replace its target attribute.
@@ -107,7 +107,7 @@ def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -
         other = detect(patch, site)
         if other:
             return "yielded", f"target owned by {other}"
-        return "superseded", f"replaced by {describe(value)}"
+        return "superseded", f"replaced by {origin(value)}"
     for target, before in installed.via.items():
         enclosing = lookup(live, target.qualname)
         if enclosing is None:
@@ -119,7 +119,7 @@ def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -
         other = detect(patch, site)
         if other:
             return "yielded", f"target owned by {other} (only reached through {target.qualname})"
-        return "superseded", f"only reached through {target.qualname}, now {describe(value)}"
+        return "superseded", f"only reached through {target.qualname}, now {origin(value)}"
     return "applied", installed.reason
 
 

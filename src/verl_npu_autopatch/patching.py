@@ -100,6 +100,18 @@ def describe(obj: Any) -> str:
     return f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
 
 
+def origin(obj: Any) -> str:
+    """Where a callable was really written, as ``module.qualname``: read from its code object and
+    globals, which ``functools.wraps`` does not copy (unlike ``__module__``/``__qualname__``), so a
+    wrapper installed by someone else is named by its own module, not by the function it wraps.
+    Falls back to :func:`describe` for callables without Python code."""
+    func = getattr(obj, "__func__", obj)
+    code, namespace = getattr(func, "__code__", None), getattr(func, "__globals__", None)
+    if code is None or not isinstance(namespace, dict):
+        return describe(obj)
+    return f"{namespace.get('__name__') or '?'}.{getattr(code, 'co_qualname', code.co_name)}"
+
+
 def replace_method(owner: Any, name: str, make: Callable[[Any], Any], patch_name: str) -> Undo:
     """Replace ``owner.name`` by ``make(original)``, marked with ``patch_name``; keeps the
     ``staticmethod``/``classmethod`` kind of the original. ``make`` receives the plain function."""
