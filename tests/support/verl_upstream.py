@@ -16,9 +16,12 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ascend"))
 
@@ -38,10 +41,14 @@ BARE = {"verl": "verl", "verl.utils": "verl/utils", "verl.utils.vllm": "verl/uti
 
 
 def root() -> Path:
-    """The extracted verl 0.9.1 files (downloaded once, sha256-checked)."""
+    """The extracted verl 0.9.1 files (downloaded once, sha256-checked); skips the test only when
+    PyPI cannot be reached."""
     script = upstream.matrix_script()
     wheel = script.Artifact("verl", VERSION, f"verl-{VERSION}-py3-none-any.whl")
-    return script.extract(wheel, FILES)
+    try:
+        return script.extract(wheel, FILES)
+    except OSError as exc:
+        pytest.skip(f"cannot download {wheel.filename} from PyPI: {exc}")
 
 
 @contextmanager
@@ -64,3 +71,27 @@ def packages(where: Path) -> Iterator[None]:
 def patch_module() -> types.ModuleType:
     """Import ``verl.utils.vllm.npu_vllm_patch`` through the import system (post-import hooks fire)."""
     return importlib.import_module(PATCH_MODULE)
+
+
+@contextmanager
+def engines() -> Iterator[Callable[..., Any]]:
+    """``start(*patches, **env)``: an activated ``Engine`` forced to NPU mode and configured from
+    ``env`` by the real parser; each is reverted and closed afterwards (wrapt hooks cannot be
+    unregistered, and a closed engine ignores later imports)."""
+    from verl_npu_autopatch.config import read_config
+    from verl_npu_autopatch.engine import Engine
+
+    made: list[Engine] = []
+
+    def start(*patches: Any, **env: str) -> Engine:
+        engine = Engine(list(patches), read_config({"VERL_NPU_AUTOPATCH_DEVICE": "npu", **env}))
+        engine.activate("test")
+        made.append(engine)
+        return engine
+
+    try:
+        yield start
+    finally:
+        for engine in reversed(made):
+            engine.revert()
+            engine.close()

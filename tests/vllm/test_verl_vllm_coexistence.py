@@ -29,7 +29,6 @@ import torch
 from test_vllm_moe import INTER, E, H, checkpoint, load, reference, to_runtime_layout
 from vllm_support import build_moe, moe_layer_class, record
 
-from verl_npu_autopatch.config import read_config
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patches import verl_vllm, vllm_moe, vllm_rotary
 from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, verl_owned
@@ -46,10 +45,7 @@ VERL_LOADER = "verl.utils.vllm.npu_vllm_patch.vllm_v013_weight_loader_method_wra
 
 @pytest.fixture(scope="session")
 def verl_root() -> Path:
-    try:
-        return verl_upstream.root()
-    except OSError as exc:  # only when PyPI truly cannot be reached
-        pytest.skip(f"cannot download verl {verl_upstream.VERSION} from PyPI: {exc}")
+    return verl_upstream.root()
 
 
 @pytest.fixture
@@ -82,20 +78,8 @@ def verl(verl_root: Path, common: Any, distributed: None, monkeypatch: pytest.Mo
 
 @pytest.fixture
 def engines() -> Iterator[Callable[..., Engine]]:
-    """``start(*patches, **env)``: an activated engine forced to NPU mode, configured from ``env``;
-    each is reverted and closed afterwards (its wrapt hooks stay registered for the process)."""
-    made: list[Engine] = []
-
-    def start(*patches: Any, **env: str) -> Engine:
-        engine = Engine(list(patches), read_config({"VERL_NPU_AUTOPATCH_DEVICE": "npu", **env}))
-        engine.activate("test")
-        made.append(engine)
-        return engine
-
-    yield start
-    for engine in reversed(made):
-        engine.revert()
-        engine.close()
+    with verl_upstream.engines() as start:
+        yield start
 
 
 def live_init(common: Any) -> Any:
