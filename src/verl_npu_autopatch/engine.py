@@ -482,6 +482,19 @@ class Engine:
         for record in pending:
             self._set(record, "disabled", reason)
 
+    def note(self, name: str, text: str) -> None:
+        """Add ``text`` to the reason of patch ``name`` while it is applied (e.g. why a target
+        stays ours beside Liger-Kernel); kept when the record is re-verified."""
+        with self._lock:
+            record = self.records.get(name)
+            if record is None or record.state != "applied" or text in record.reason:
+                return
+            reason = f"{record.reason}; {text}"
+            where = self._installed.get(name)
+            if where is not None:
+                where.reason = reason
+        self._set(record, "applied", reason)
+
     def yield_to(self, name: str, owner: str) -> bool:
         """Hand patch ``name``'s target to ``owner``: undo it if applied, record ``yielded``.
 
