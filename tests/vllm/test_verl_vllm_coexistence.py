@@ -214,3 +214,79 @@ def test_square_expert_weights_are_left_alone(verl: Any, engines: Any, order: st
     load(layer, weights)  # checkpoint layout, as freshly created by vLLM
     same = torch.equal(layer.w13_weight, expected.w13_weight)
     assert same is (order != "verl-alone")
+
+
+# ----------------------------------------------------------------------------- whole processes
+CHILD = """
+import json, sys, types
+import torch
+
+torch.npu = types.SimpleNamespace(is_available=lambda: False)  # TEST DOUBLE: verl asks only whether it exists
+ORDER = sys.argv[1]
+import verl.utils.vllm.npu_vllm_patch as verl_patches  # a watched import: the .pth wakes the engine here
+verl_patches.apply_npu_vllm_patches()  # what verl/utils/vllm/__init__.py does at import
+import verl_npu_autopatch
+if ORDER == "verl-first":  # python -S: no .pth, the engine activates late
+    verl_npu_autopatch.activate()
+verl_patches.apply_npu_vllm_patches()  # verl's patches run again (e.g. a second import path)
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.rotary_embedding.common import ApplyRotaryEmb
+from verl_npu_autopatch.patches._verl import verl_owned
+with set_current_vllm_config(VllmConfig()):
+    kept = ApplyRotaryEmb(enforce_enable=True)._enforce_enable
+report = verl_npu_autopatch.report()
+print("@@VNPA@@" + json.dumps({
+    "report": report.to_dict(),
+    "enforce_enable": kept,
+    "verl_init": verl_owned(ApplyRotaryEmb.__dict__["__init__"]),
+}))
+"""
+
+
+def tree_with_bare_inits(root: Path, tmp: Path) -> Path:
+    """The extracted verl files plus empty package ``__init__`` files (the bare packages), so a
+    child imports ``verl`` through the import system."""
+    import shutil
+
+    shutil.copytree(root / "verl", tmp / "verl")
+    for folder in verl_upstream.BARE.values():
+        (tmp / folder / "__init__.py").touch()
+    return tmp
+
+
+@pytest.mark.parametrize("order", ["ours-first", "verl-first"])
+def test_whole_process_both_orders(verl_root: Path, tmp_path: Path, order: str) -> None:
+    """Ours first: the real .pth observer wakes at ``import verl`` (a watched package) and our hooks
+    act while verl imports. verl first: ``python -S``, verl's patches ran, then ``activate()``."""
+    import json
+    import os
+    import site
+    import subprocess
+
+    tree = tree_with_bare_inits(verl_root, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_NPU_AUTOPATCH")}
+    env.update(VERL_NPU_AUTOPATCH_DEVICE="npu", VLLM_TARGET_DEVICE="cpu")
+    if order == "ours-first":
+        command, env["PYTHONPATH"] = [sys.executable, "-c", CHILD, order], str(tree)
+    else:
+        paths = [str(tree), *site.getsitepackages()]
+        prelude = f"import sys; sys.path[:0] = {paths!r}\n"
+        command = [sys.executable, "-S", "-c", prelude + CHILD, order]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("@@VNPA@@")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    data = json.loads(lines[-1][len("@@VNPA@@") :])
+    report = data["report"]
+    records = {r["name"]: r for r in report["records"]}
+    assert report["status"] == "active", report
+    assert report["trigger"] == ("verl" if order == "ours-first" else "api")
+    assert data["enforce_enable"] is True and data["verl_init"] is None
+    assert records[DEFERS.name]["state"] == "applied", records[DEFERS.name]
+    rotary = records[ROTARY.name]
+    if order == "ours-first":  # vLLM 0.32's own __init__ is fixed; verl's was skipped twice
+        assert rotary["state"] == "fixed-upstream", rotary
+        assert "verl's patch_vllm013_rotary_emb skipped" in records[DEFERS.name]["reason"]
+    else:
+        assert rotary["state"] == "applied" and f"replaces verl's {VERL_INIT}" in rotary["reason"], rotary
+        assert "verl's patch_vllm013_rotary_emb skipped" in records[DEFERS.name]["reason"]  # the second call
+    assert records[LOADER.name]["state"] == "applied"
