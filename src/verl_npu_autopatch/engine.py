@@ -391,18 +391,6 @@ class Engine:
             if where is not None:
                 self._set(record, "applied", where.reason)
 
-    def note(self, name: str, text: str) -> None:
-        """Add ``text`` to the reason of applied patch ``name`` (once): a fix telling what it did
-        since it was installed, e.g. a duplicate it turned into a no-op. Never raises."""
-        with self._lock:
-            record, where = self.records.get(name), self._installed.get(name)
-            if record is None or where is None or text in where.reason:
-                return
-            where.reason = f"{where.reason}; {text}"
-            state = record.state
-        if state == "applied":
-            self._set(record, state, where.reason)
-
     # ----------------------------------------------------------------- records
     def _set(self, record: Record, state: str, reason: str) -> None:
         with self._lock:

@@ -115,6 +115,10 @@ def test_ours_first_verl_rotary_call_is_a_recorded_no_op(verl: Any, common: Any,
     defers = report[DEFERS.name]
     assert defers.state == "applied", defers
     assert "verl's patch_vllm013_rotary_emb skipped" in defers.reason, defers.reason
+    module = sys.modules[verl_upstream.PATCH_MODULE]
+    assert module.patch_vllm013_rotary_emb.__dict__[MARKER] == DEFERS.name
+    assert engine.revert(DEFERS.name) == [DEFERS.name]
+    assert verl_owned(module.patch_vllm013_rotary_emb) == f"{verl_upstream.PATCH_MODULE}.patch_vllm013_rotary_emb"
 
 
 @pytest.mark.parametrize("patch", [ROTARY, FORCED], ids=["vllm-0.32-fixed-upstream", "upstream-needs-fix"])

@@ -82,7 +82,7 @@ PATCHES = [
             "verl's patch_vllm013_rotary_emb (drops enforce_enable) is skipped while ApplyRotaryEmb.__init__ "
             "is ours or vLLM's own fixed one."
         ),
-        reference="https://github.com/verl-project/verl/blob/v0.9.1/verl/utils/vllm/npu_vllm_patch.py",
+        reference="https://github.com/verl-project/verl/pull/5756",
         groups=("verl", "vllm"),
         targets=(Target.parse(f"{PATCH_MODULE}:patch_vllm013_rotary_emb"),),
         device="npu-stack",
