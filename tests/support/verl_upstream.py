@@ -40,11 +40,11 @@ FILES = (
 BARE = {"verl": "verl", "verl.utils": "verl/utils", "verl.utils.vllm": "verl/utils/vllm", "verl.plugin": "verl/plugin"}
 
 
-def root() -> Path:
-    """The extracted verl 0.9.1 files (downloaded once, sha256-checked); skips the test only when
-    PyPI cannot be reached."""
+def root(version: str = VERSION) -> Path:
+    """The extracted files of verl ``version`` (downloaded once, sha256-checked); skips the test
+    only when PyPI cannot be reached."""
     script = upstream.matrix_script()
-    wheel = script.Artifact("verl", VERSION, f"verl-{VERSION}-py3-none-any.whl")
+    wheel = script.Artifact("verl", version, f"verl-{version}-py3-none-any.whl")
     try:
         return script.extract(wheel, FILES)
     except OSError as exc:

@@ -294,3 +294,36 @@ def test_whole_process_both_orders(verl_root: Path, tmp_path: Path, order: str) 
         assert rotary["state"] == "applied" and f"replaces verl's {VERL_INIT}" in rotary["reason"], rotary
         assert "verl's patch_vllm013_rotary_emb skipped" in records[DEFERS.name]["reason"]  # the second call
     assert records[LOADER.name]["state"] == "applied"
+
+
+# ----------------------------------------------------------------------------- verl 0.8.0
+def test_verl_0_8_patching_at_import_is_recorded_truthfully(
+    common: Any, distributed: None, engines: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl 0.8.0 patches while ``npu_vllm_patch`` itself is being imported (vLLM 0.13 - 0.14 only),
+    before any post-import hook can act, and checks no marker: there verl's replacements win even
+    when ours came first. The records say so, naming verl's callables, and revert() leaves them."""
+    import vllm
+    from vllm.model_executor.layers import fused_moe
+
+    owner = moe_layer_class()
+    saved = {(common.ApplyRotaryEmb, "__init__"): live_init(common), (owner, "weight_loader"): owner.weight_loader}
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(is_available=lambda: False), raising=False)
+    monkeypatch.setattr(vllm, "__version__", "0.13.0")  # the only versions verl 0.8.0 patches
+    monkeypatch.setattr(fused_moe, "FusedMoE", owner, raising=False)
+    monkeypatch.setenv("VERL_NPU_ENABLE_A2_PATCH_VLLM_ASCEND_MC2", "0")  # its vllm-ascend 0.13 MC2 wrappers
+    try:
+        with verl_upstream.packages(verl_upstream.root("0.8.0")):
+            engine = engines(FORCED, LOADER)  # ours first: active before verl's module is imported
+            assert {r.state for r in engine.report().records} == {"applied"}
+            verl_upstream.patch_module()
+            report = engine.report()
+            assert verl_owned(live_init(common)) == VERL_INIT
+            assert report[ROTARY.name].state == "superseded" and VERL_INIT in report[ROTARY.name].reason
+            loader = report[LOADER.name]
+            assert loader.state == "superseded" and VERL_LOADER in loader.reason, loader
+            assert engine.revert() == []
+            assert verl_owned(live_init(common)) == VERL_INIT
+    finally:
+        for (cls, name), value in saved.items():
+            setattr(cls, name, value)
