@@ -18,8 +18,9 @@ from verl_npu_autopatch.config import Config, read_config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from types import ModuleType
+    from typing import Any
 
     from verl_npu_autopatch.ownership import Installation, ReloadWatcher
     from verl_npu_autopatch.records import Record, Report
@@ -482,6 +483,26 @@ class Engine:
             if where is not None:
                 where.reason = reason
         self._set(record, "applied", reason)
+
+    def reapply(self, name: str, when: Callable[[Any], bool]) -> bool:
+        """Decide and apply patch ``name`` afresh when ``when(live value)`` holds for what another
+        owner put over our installed value (verl <= 0.8 patching while its module is imported,
+        after our hooks ran). The old undo is dropped (it acts only while our value is live);
+        the new one restores that other owner's value. Returns whether ``name`` is applied now."""
+        from verl_npu_autopatch import ownership
+
+        with self._lock:
+            where, record = self._installed.get(name), self.records.get(name)
+            if where is None or record is None or self._closed or where.value is ownership.UNCHECKED:
+                return False
+            found = ownership.lookup(where.module, where.target.qualname)
+            if found is None or found[1] is where.value or not when(found[1]):
+                return False
+            del self._installed[name]
+            self._undo.pop(name, None)
+            record.state = "pending"
+        self._apply(self.patches[name], where.module)
+        return self.records[name].state == "applied"
 
     def yield_to(self, name: str, owner: str) -> bool:
         """Hand patch ``name``'s target to ``owner``: undo it if applied, record ``yielded``.

@@ -297,33 +297,49 @@ def test_whole_process_both_orders(verl_root: Path, tmp_path: Path, order: str) 
 
 
 # ----------------------------------------------------------------------------- verl 0.8.0
-def test_verl_0_8_patching_at_import_is_recorded_truthfully(
-    common: Any, distributed: None, engines: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("guard", ["on", "off"])
+def test_verl_0_8_patching_at_import_goes_back_to_ours(
+    common: Any, distributed: None, engines: Any, monkeypatch: pytest.MonkeyPatch, guard: str
 ) -> None:
     """verl 0.8.0 patches while ``npu_vllm_patch`` itself is being imported (vLLM 0.13 - 0.14 only),
-    before any post-import hook can act, and checks no marker: there verl's replacements win even
-    when ours came first. The records say so, naming verl's callables, and revert() leaves them."""
+    after our hooks ran, and checks no marker. ``verl.defer_duplicates`` (installed right after that
+    import) hands both targets back to ours. Switched off, the records say ``superseded`` naming
+    verl's callables, and revert() leaves them."""
     import vllm
     from vllm.model_executor.layers import fused_moe
 
     owner = moe_layer_class()
-    saved = {(common.ApplyRotaryEmb, "__init__"): live_init(common), (owner, "weight_loader"): owner.weight_loader}
+    upstream_loader = owner.__dict__["weight_loader"]
+    saved = {(common.ApplyRotaryEmb, "__init__"): live_init(common), (owner, "weight_loader"): upstream_loader}
+    expected = reference(E, H, INTER, checkpoint(E, H, INTER, seed=7))
     monkeypatch.setattr(torch, "npu", types.SimpleNamespace(is_available=lambda: False), raising=False)
     monkeypatch.setattr(vllm, "__version__", "0.13.0")  # the only versions verl 0.8.0 patches
     monkeypatch.setattr(fused_moe, "FusedMoE", owner, raising=False)
     monkeypatch.setenv("VERL_NPU_ENABLE_A2_PATCH_VLLM_ASCEND_MC2", "0")  # its vllm-ascend 0.13 MC2 wrappers
+    env = {} if guard == "on" else {"VERL_NPU_AUTOPATCH_DISABLE": DEFERS.name}
     try:
         with verl_upstream.packages(verl_upstream.root("0.8.0")):
-            engine = engines(FORCED, LOADER)  # ours first: active before verl's module is imported
-            assert {r.state for r in engine.report().records} == {"applied"}
-            verl_upstream.patch_module()
+            engine = engines(FORCED, LOADER, DEFERS, **env)  # ours first: active before verl's import
+            verl_upstream.patch_module()  # verl 0.8.0 patches here, inside the import
             report = engine.report()
-            assert verl_owned(live_init(common)) == VERL_INIT
-            assert report[ROTARY.name].state == "superseded" and VERL_INIT in report[ROTARY.name].reason
-            loader = report[LOADER.name]
-            assert loader.state == "superseded" and VERL_LOADER in loader.reason, loader
-            assert engine.revert() == []
-            assert verl_owned(live_init(common)) == VERL_INIT
+            rotary, loader = report[ROTARY.name], report[LOADER.name]
+            if guard == "off":
+                assert verl_owned(live_init(common)) == VERL_INIT and enforced(common) is False
+                assert rotary.state == "superseded" and VERL_INIT in rotary.reason, rotary
+                assert loader.state == "superseded" and VERL_LOADER in loader.reason, loader
+                assert engine.revert() == []
+                assert verl_owned(live_init(common)) == VERL_INIT
+                return
+            assert report[DEFERS.name].state == "applied"
+            assert rotary.state == "applied" and live_init(common).__dict__[MARKER] == ROTARY.name, rotary
+            assert loader.state == "applied" and f"replaces verl's {VERL_LOADER}" in loader.reason, loader
+            assert enforced(common) is True
+            assert_single_layout_fix(owner, upstream_loader)
+            layer, _ = load_runtime_layout(H, INTER, seed=7)
+            assert torch.equal(layer.w13_weight, expected.w13_weight)
+            verls = owner.__dict__["weight_loader"]
+            assert engine.revert(LOADER.name) == [LOADER.name]
+            assert owner.__dict__["weight_loader"] is not verls and verl_owned(owner.__dict__["weight_loader"])
     finally:
         for (cls, name), value in saved.items():
             setattr(cls, name, value)

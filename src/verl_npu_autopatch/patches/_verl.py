@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patching import origin
+from verl_npu_autopatch.patching import marked_by, origin
 from verl_npu_autopatch.spec import Site, Verdict
 
 #: The verl module holding its vLLM / vllm-ascend NPU patches.
@@ -52,11 +52,12 @@ def claim(func: Any, *markers: str) -> Any:
 
 
 def peel(func: Any) -> Any:
-    """The function under verl's ``functools.wraps`` wrappers of ``func`` (``func`` itself when it
-    is not one): what our fix wraps when it takes a target over from verl."""
+    """The upstream function under verl's ``functools.wraps`` wrappers of ``func`` and under ours
+    they may wrap in turn (verl <= 0.8 wraps whatever is in place); ``func`` itself when it is
+    neither: what our fix wraps when it takes a target over from verl."""
     for _ in range(8):  # verl wraps once; a few layers at most
         inner = getattr(func, "__wrapped__", None)
-        if inner is None or verl_owned(func) is None:
+        if inner is None or (verl_owned(func) is None and marked_by(func) is None):
             break
         func = inner
     return func

@@ -1,5 +1,6 @@
-"""``verl.rotary_defers``: verl's own ``patch_vllm013_rotary_emb`` becomes a recorded no-op while
-``ApplyRotaryEmb.__init__`` is ours (or vLLM's own, already fixed).
+"""``verl.defer_duplicates``: verl's own vLLM patch module defers to ours where ours is strictly
+better: its ``patch_vllm013_rotary_emb`` becomes a recorded no-op while ``ApplyRotaryEmb.__init__``
+is ours (or vLLM's own, already fixed), and targets verl <= 0.8 overwrites at import go back to ours.
 
 verl 0.9 (``verl/utils/vllm/npu_vllm_patch.py``) calls ``patch_vllm013_rotary_emb()`` from
 ``apply_npu_vllm_patches()`` at ``import verl.utils.vllm``. It assigns verl's ``__init__``
@@ -10,7 +11,13 @@ is replaced by a guard (``apply_npu_vllm_patches`` looks it up at call time). Th
 imports the rotary module (what verl's function does first, so our hook on it has acted), then
 skips verl's function when the live ``__init__`` is ours, or is vLLM's own one that our check found
 fixed; otherwise (our rotary patch disabled, unsupported, failed) verl's function runs as before.
-The record notes the first skipped call. Opt out with ``VERL_NPU_AUTOPATCH_DISABLE=verl.rotary_defers``.
+The record notes the first skipped call. Opt out with ``VERL_NPU_AUTOPATCH_DISABLE=verl.defer_duplicates``.
+
+verl 0.8.0 and older patch while the module itself is being imported (no functions called later,
+no markers), after our hooks put our fixes in place. So when this patch is installed (right after
+that import) it also hands the two targets where ours is strictly better (rotary ``__init__``,
+MoE ``weight_loader``) back to our patches if verl's code now holds them: ``Engine.reapply``
+decides them afresh over verl's callables, exactly as when our engine activates after verl.
 """
 
 from __future__ import annotations
@@ -26,9 +33,11 @@ from verl_npu_autopatch.patches._verl import PATCH_MODULE, verl_owned
 from verl_npu_autopatch.patching import marked_by, replace_method
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
-NAME = "verl.rotary_defers"
+NAME = "verl.defer_duplicates"
 ROTARY_PATCH = "vllm.rotary_flash_attn_guard"
 ROTARY_MODULE = "vllm.model_executor.layers.rotary_embedding.common"
+#: Our strictly better patches that verl <= 0.8 overwrites while its module is imported.
+RECLAIMED = (ROTARY_PATCH, "vllm.moe_weight_loader")
 
 
 def keeper(engine: Any) -> str | None:
@@ -72,7 +81,11 @@ def _fix(site: Site) -> Undo:
 
         return patch_vllm013_rotary_emb
 
-    return replace_method(site.owner, site.attribute, make, name)
+    undo = replace_method(site.owner, site.attribute, make, name)
+    for reclaimed in RECLAIMED:  # verl <= 0.8 patched while this module was being imported
+        if engine is not None:
+            engine.reapply(reclaimed, lambda live: verl_owned(live) is not None)
+    return undo
 
 
 PATCHES = [
@@ -80,7 +93,8 @@ PATCHES = [
         name=NAME,
         summary=(
             "verl's patch_vllm013_rotary_emb (drops enforce_enable) is skipped while ApplyRotaryEmb.__init__ "
-            "is ours or vLLM's own fixed one."
+            "is ours or vLLM's own fixed one; rotary and MoE weight-loader targets that verl <= 0.8 overwrites "
+            "while its module is imported go back to ours."
         ),
         reference="https://github.com/verl-project/verl/pull/5756",
         groups=("verl", "vllm"),

@@ -35,7 +35,7 @@ Next to verl: verl 0.9's ``patch_vllm013_rotary_emb`` assigns its own ``__init__
 better, so ours (or vLLM's own fixed ``__init__``) is what runs in both orders: run after verl,
 the check reads the upstream ``__init__`` from the class's source file (verl kept no reference to
 it) and the fix replaces verl's, also when upstream is fixed (verl's would still drop
-``enforce_enable``); run before verl, patch ``verl.rotary_defers`` turns verl's call into a no-op.
+``enforce_enable``); run before verl, patch ``verl.defer_duplicates`` turns verl's call into a no-op.
 """
 
 from __future__ import annotations
