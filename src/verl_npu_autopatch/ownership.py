@@ -165,7 +165,10 @@ class _ReexecLoader:
             self._spec.loader = self._loader
             if getattr(module, "__loader__", None) is self:
                 module.__loader__ = self._loader
-        self._callback(module)
+        try:
+            self._callback(module)
+        except Exception:  # never break the user's reload; verify() then says "module reloaded"
+            pass
 
 
 class ReloadWatcher:
@@ -217,3 +220,10 @@ class ReloadWatcher:
         """Put the watcher first on ``sys.meta_path`` (once)."""
         if self not in sys.meta_path:
             sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        """Take the watcher off ``sys.meta_path``."""
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
