@@ -198,6 +198,12 @@ def print_doctor(data: dict[str, Any]) -> None:
         print(table(rows, ["patch", "state", "target", "why"]))
     for module, error in data.get("import_errors", {}).items():
         print(f"could not import {module}: {error}")
+    superseded = [r["name"] for r in data["records"] if r["state"] == "superseded"]
+    if superseded:
+        print(
+            f"\nSUPERSEDED: {', '.join(superseded)}: the fix was installed, but something else runs there now "
+            "(the why column names it; see docs/troubleshooting.md, Record states)"
+        )
     failed = [r["name"] for r in data["records"] if r["state"] == "failed"]
     if failed:
         print(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{data['stderr']}")

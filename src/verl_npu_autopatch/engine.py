@@ -331,6 +331,8 @@ class Engine:
         installed = ownership.installation(site, reason)
         with self._lock:
             self._installed[site.patch.name] = installed
+            if self._closed:
+                return
             if self._watcher is None:
                 self._watcher = ownership.ReloadWatcher(self._watches, self._on_reload)
             watcher = self._watcher
@@ -468,6 +470,9 @@ class Engine:
         with self._lock:
             self._closed = True
             pending = [r for r in self.records.values() if r.state == "pending"]
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.remove()
         for record in pending:
             self._set(record, "disabled", reason)
 

@@ -56,6 +56,15 @@ def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
     return None if value is None else (holder, value)
 
 
+def _lookup_in(target: Target, module: ModuleType) -> tuple[Any, Any] | None:
+    """:func:`lookup` of ``target`` in its own module: ``module`` when that is the one, else the
+    imported module of that name (``None`` while it is not imported)."""
+    if target.module != module.__name__:
+        other = sys.modules.get(target.module)
+        return None if other is None else lookup(other, target.qualname)
+    return lookup(module, target.qualname)
+
+
 def via_targets(patch: Patch, target: Target) -> tuple[Target, ...]:
     """The enclosing callables of ``patch`` that apply to the chosen variant ``target``
     (a variant that *is* the enclosing callable is not reached through itself)."""
@@ -81,7 +90,7 @@ def installation(site: Site, reason: str) -> Installation:
         value = UNCHECKED
     via = {}
     for target in via_targets(site.patch, site.target):
-        enclosing = lookup(site.module, target.qualname)
+        enclosing = _lookup_in(target, site.module)
         if enclosing is not None:
             via[target] = enclosing[1]
     spec = getattr(site.module, "__spec__", None)
@@ -109,13 +118,14 @@ def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -
             return "yielded", f"target owned by {other}"
         return "superseded", f"replaced by {origin(value)}"
     for target, before in installed.via.items():
-        enclosing = lookup(live, target.qualname)
+        enclosing = _lookup_in(target, live)
         if enclosing is None:
             return "superseded", f"enclosing {target.qualname} no longer exists"
         holder, value = enclosing
         if value is before or is_ours(value):
             continue
-        site = Site(patch, target, live, holder, target.qualname.rpartition(".")[2], value, dict(versions), engine)
+        module = sys.modules.get(target.module, live)
+        site = Site(patch, target, module, holder, target.qualname.rpartition(".")[2], value, dict(versions), engine)
         other = detect(patch, site)
         if other:
             return "yielded", f"target owned by {other} (only reached through {target.qualname})"
@@ -127,12 +137,13 @@ def enclosing_owner(patch: Patch, site: Site) -> str | None:
     """At apply time: the other owner a detector recognises on an enclosing callable, as the
     ``yielded`` reason, or ``None``."""
     for target in via_targets(patch, site.target):
-        enclosing = lookup(site.module, target.qualname)
+        enclosing = _lookup_in(target, site.module)
         if enclosing is None:
             continue
         holder, value = enclosing
         attribute = target.qualname.rpartition(".")[2]
-        other = detect(patch, Site(patch, target, site.module, holder, attribute, value, site.versions, site.engine))
+        module = sys.modules.get(target.module, site.module)
+        other = detect(patch, Site(patch, target, module, holder, attribute, value, site.versions, site.engine))
         if other:
             return f"target owned by {other} (only reached through {target.qualname})"
     return None
@@ -165,7 +176,10 @@ class _ReexecLoader:
             self._spec.loader = self._loader
             if getattr(module, "__loader__", None) is self:
                 module.__loader__ = self._loader
-        self._callback(module)
+        try:
+            self._callback(module)
+        except Exception:  # never break the user's reload; verify() then says "module reloaded"
+            pass
 
 
 class ReloadWatcher:
@@ -217,3 +231,10 @@ class ReloadWatcher:
         """Put the watcher first on ``sys.meta_path`` (once)."""
         if self not in sys.meta_path:
             sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        """Take the watcher off ``sys.meta_path``."""
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
