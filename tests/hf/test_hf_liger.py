@@ -195,6 +195,25 @@ def test_liger_applied_before_us_is_left_alone() -> None:
     assert "LigerRMSNorm.forward" in records["transformers.qwen2.rms_norm"]["reason"]
 
 
+def test_liger_applied_before_us_keeps_what_it_does_not_replace() -> None:
+    out = child(
+        """
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_moe
+        apply_liger_kernel_to_qwen3_moe()  # class level, before our engine activates
+        engine = make_engine()
+        dump(engine, ("qwen3_moe",))
+        """
+    )
+    records = out["records"]
+    assert_one_owner(records)
+    qwen3_moe = family(records, "qwen3_moe")
+    for kind in ("rms_norm", "rotary", "experts"):
+        assert (qwen3_moe[kind]["state"], qwen3_moe[kind]["owner"]) == ("yielded", "liger"), kind
+    assert "LigerExperts.forward" in qwen3_moe["experts"]["reason"]
+    # Liger 0.8.5 leaves Qwen3MoeMLP (the dense layers' MLP) alone on transformers 5: ours runs there.
+    assert (qwen3_moe["mlp"]["state"], qwen3_moe["mlp"]["owner"]) == ("applied", "ours")
+
+
 def test_liger_before_the_modeling_module_is_imported() -> None:
     out = child(
         """
