@@ -17,6 +17,7 @@ FAMILIES: tuple[str, ...] = (
     "ascend_camem",
     "ascend_capture",
     "vllm_engine",
+    "verl_vllm",
 )
 
 #: Entry-point group for third-party patch specs. An entry point may name a ``Patch``, an

@@ -181,7 +181,7 @@ def run_doctor(device: str | None) -> dict[str, Any]:
 def doctor_exit_code(data: dict[str, Any]) -> int:
     if data["status"] in ("crashed", "failed"):
         return 2
-    return 1 if any(r["state"] == "failed" for r in data["records"]) else 0
+    return 1 if any(r["state"] in ("failed", "superseded") for r in data["records"]) else 0
 
 
 def print_doctor(data: dict[str, Any]) -> None:
@@ -198,6 +198,12 @@ def print_doctor(data: dict[str, Any]) -> None:
         print(table(rows, ["patch", "state", "target", "why"]))
     for module, error in data.get("import_errors", {}).items():
         print(f"could not import {module}: {error}")
+    superseded = [r["name"] for r in data["records"] if r["state"] == "superseded"]
+    if superseded:
+        print(
+            f"\nSUPERSEDED: {', '.join(superseded)}: the fix was installed, but something else runs there now "
+            "(the why column names it; see docs/troubleshooting.md, Record states)"
+        )
     failed = [r["name"] for r in data["records"] if r["state"] == "failed"]
     if failed:
         print(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{data['stderr']}")

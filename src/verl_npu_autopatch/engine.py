@@ -18,16 +18,26 @@ from verl_npu_autopatch.config import Config, read_config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from types import ModuleType
+    from typing import Any
 
+    from verl_npu_autopatch.ownership import Installation, ReloadWatcher
     from verl_npu_autopatch.records import Record, Report
     from verl_npu_autopatch.spec import Patch, Site, Target, Undo
 
 LOGGER_NAME = "verl_npu_autopatch"
 
 #: Logging level of each record state (others: DEBUG).
-_LOG_LEVELS = {"failed": 40, "unsupported": 30, "applied": 20, "fixed-upstream": 20, "yielded": 20, "reverted": 20}
+_LOG_LEVELS = {
+    "failed": 40,
+    "superseded": 30,
+    "unsupported": 30,
+    "applied": 20,
+    "fixed-upstream": 20,
+    "yielded": 20,
+    "reverted": 20,
+}
 
 
 class PatchError(RuntimeError):
@@ -55,6 +65,8 @@ class Engine:
         self.records: dict[str, Record] = {}
         self._variants: dict[str, tuple[Target, ...]] = {}
         self._undo: dict[str, Undo] = {}
+        self._installed: dict[str, Installation] = {}  # applied patch -> where it installed what
+        self._watcher: ReloadWatcher | None = None
         self._claimed: set[str] = set()
         self._hooked: set[str] = set()
         self._absent: set[str] = set()
@@ -230,24 +242,34 @@ class Engine:
             stage = "gate"
             if patch.device == "npu-device" and config.device != "npu" and not probes.npu_device_visible():
                 return self._finish(record, "gated", "needs a visible NPU device", config, patch)
+            from verl_npu_autopatch import ownership
             from verl_npu_autopatch.patching import describe, marked_by
 
             for detector in patch.yields_to:
                 owner = detector(site)
                 if owner:
                     return self._finish(record, "yielded", f"target owned by {owner}", config, patch)
+            enclosing = ownership.enclosing_owner(patch, site)
+            if enclosing:
+                return self._finish(record, "yielded", enclosing, config, patch)
             if marked_by(site.value) == patch.name:
-                return self._finish(record, "applied", f"already in place ({describe(site.value)})", config, patch)
+                reason = f"already in place ({describe(site.value)})"
+                self._remember(site, reason)
+                return self._finish(record, "applied", reason, config, patch)
             stage = "check"
+            applied = "fix installed"
             if patch.check is not None:
                 verdict = patch.check(site)
                 if verdict.action != "apply":
                     return self._finish(record, verdict.action, verdict.reason, config, patch)
+                if verdict.reason:  # e.g. which other owner's callable the fix replaces
+                    applied = f"fix installed; {verdict.reason}"
             stage = "fix"
             undo = patch.fix(site)
             with self._lock:
                 self._undo[patch.name] = undo
-            return self._finish(record, "applied", "fix installed", config, patch)
+            self._remember(site, applied)
+            return self._finish(record, "applied", applied, config, patch)
         except Exception as exc:
             where = target or (module.__name__ if module else patch.name)
             reason = f"{stage} raised {type(exc).__name__}: {exc}"
@@ -301,6 +323,77 @@ class Engine:
             return PatchError(f"patch {patch.name} on {record.target}: unsupported: {reason}")
         return None
 
+    # ----------------------------------------------------------------- ownership
+    def _remember(self, site: Site, reason: str) -> None:
+        """Note where ``site.patch`` installed what, and watch its module for reloads."""
+        from verl_npu_autopatch import ownership
+
+        installed = ownership.installation(site, reason)
+        with self._lock:
+            self._installed[site.patch.name] = installed
+            if self._closed:
+                return
+            if self._watcher is None:
+                self._watcher = ownership.ReloadWatcher(self._watches, self._on_reload)
+            watcher = self._watcher
+        watcher.install()
+
+    def verify(self) -> None:
+        """Re-check every applied (or displaced) patch against the live attribute and move its
+        record to ``applied``, ``yielded`` or ``superseded`` accordingly. Never raises."""
+        from verl_npu_autopatch import ownership
+
+        with self._lock:
+            installed = list(self._installed.items())
+        for name, where in installed:
+            record = self.records[name]
+            try:
+                state, reason = ownership.verify(self.patches[name], record.versions, where, self)
+            except Exception as exc:  # a detector bug must not break report()
+                self._logger().debug("verifying %s raised %r", name, exc, exc_info=True)
+                continue
+            with self._lock:
+                if self._installed.get(name) is not where or record.state not in ownership.VERIFIED_STATES:
+                    continue  # reverted, yielded or re-applied meanwhile
+                changed = (record.state, record.reason) != (state, reason)
+            if changed:
+                self._set(record, state, reason)
+
+    def _watches(self, module: str) -> bool:
+        """Whether a reload of ``module`` concerns an applied or displaced patch."""
+        with self._lock:
+            return not self._closed and any(w.target.module == module for w in self._installed.values())
+
+    def _on_reload(self, module: ModuleType) -> None:
+        """``importlib.reload`` re-executed ``module``: its targets hold upstream code again, so
+        every patch applied (or displaced) there is decided and applied afresh."""
+        from verl_npu_autopatch import ownership
+
+        with self._lock:
+            if self._closed:
+                return
+            names = [
+                name
+                for name, where in self._installed.items()
+                if where.target.module == module.__name__ and self.records[name].state in ownership.VERIFIED_STATES
+            ]
+            for name in names:
+                del self._installed[name]
+                self._undo.pop(name, None)  # it acts on the classes the reload replaced
+                self.records[name].state = "pending"
+        for name in names:
+            try:
+                self._apply(self.patches[name], module)
+            except Exception:  # _apply records failures itself; this is a last guard for reload
+                self._logger().debug("re-applying %s after reload raised", name, exc_info=True)
+            record = self.records[name]
+            with self._lock:
+                where = self._installed.get(name) if record.state == "applied" else None
+                if where is not None:
+                    where.reason = f"{where.reason}; again after importlib.reload"
+            if where is not None:
+                self._set(record, "applied", where.reason)
+
     # ----------------------------------------------------------------- records
     def _set(self, record: Record, state: str, reason: str) -> None:
         with self._lock:
@@ -327,8 +420,10 @@ class Engine:
 
     # ----------------------------------------------------------------- public helpers
     def report(self) -> Report:
+        """A snapshot of the records, each re-verified against the live attribute first."""
         from verl_npu_autopatch.records import Record, Report
 
+        self.verify()
         with self._lock:
             records = [Record(**{**r.__dict__, "versions": dict(r.versions)}) for r in self.records.values()]
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
@@ -339,14 +434,26 @@ class Engine:
         return [n for n, p in self.patches.items() if name == n or name in p.groups]
 
     def revert(self, name: str | None = None) -> list[str]:
-        """Undo applied patches (all, one by name, or a group); returns the names reverted."""
+        """Undo applied patches (all, one by name, or a group); returns the names reverted.
+
+        Records are re-verified first: a patch another owner displaced (``superseded`` or
+        ``yielded``) is left alone, so the live owner is never clobbered; the log says why."""
+        self.verify()
         done = []
         for patch_name in self._matching(name):
+            record = self.records[patch_name]
             with self._lock:
-                undo = self._undo.pop(patch_name, None)
+                if patch_name in self._installed and record.state != "applied":
+                    displaced = f"{record.state}: {record.reason}"
+                else:
+                    displaced = ""
+                    undo = self._undo.pop(patch_name, None)
+                    self._installed.pop(patch_name, None)
+            if displaced:
+                self._logger().info("%s: not reverted, the live target is not ours (%s)", patch_name, displaced)
+                continue
             if undo is None:
                 continue
-            record = self.records[patch_name]
             try:
                 undo()
             except Exception as exc:
@@ -363,8 +470,44 @@ class Engine:
         with self._lock:
             self._closed = True
             pending = [r for r in self.records.values() if r.state == "pending"]
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.remove()
         for record in pending:
             self._set(record, "disabled", reason)
+
+    def note(self, name: str, text: str) -> None:
+        """Add ``text`` to the reason of patch ``name`` while it is applied (e.g. why a target
+        stays ours beside Liger-Kernel); kept when the record is re-verified."""
+        with self._lock:
+            record = self.records.get(name)
+            if record is None or record.state != "applied" or text in record.reason:
+                return
+            reason = f"{record.reason}; {text}"
+            where = self._installed.get(name)
+            if where is not None:
+                where.reason = reason
+        self._set(record, "applied", reason)
+
+    def reapply(self, name: str, when: Callable[[Any], bool]) -> bool:
+        """Decide and apply patch ``name`` afresh when ``when(live value)`` holds for what another
+        owner put over our installed value (verl <= 0.8 patching while its module is imported,
+        after our hooks ran). The old undo is dropped (it acts only while our value is live);
+        the new one restores that other owner's value. Returns whether ``name`` is applied now."""
+        from verl_npu_autopatch import ownership
+
+        with self._lock:
+            where, record = self._installed.get(name), self.records.get(name)
+            if where is None or record is None or self._closed or where.value is ownership.UNCHECKED:
+                return False
+            found = ownership.lookup(where.module, where.target.qualname)
+            if found is None or found[1] is where.value or not when(found[1]):
+                return False
+            del self._installed[name]
+            self._undo.pop(name, None)
+            record.state = "pending"
+        self._apply(self.patches[name], where.module)
+        return self.records[name].state == "applied"
 
     def yield_to(self, name: str, owner: str) -> bool:
         """Hand patch ``name``'s target to ``owner``: undo it if applied, record ``yielded``.
@@ -376,6 +519,7 @@ class Engine:
             if record is None or record.state not in ("pending", "applied"):
                 return False
             undo = self._undo.pop(name, None)
+            self._installed.pop(name, None)
         if undo is not None:
             undo()
         self._set(record, "yielded", f"target handed to {owner}")

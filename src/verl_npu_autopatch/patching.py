@@ -11,19 +11,29 @@ from verl_npu_autopatch.spec import Undo
 
 #: Attribute set on everything a fix installs; its value is the patch name.
 MARKER = "__verl_npu_autopatch__"
+#: Set next to ``MARKER``: the marked function itself. ``functools.wraps`` copies a function's
+#: ``__dict__`` into its wrapper, so someone else's wrapper around ours (verl's) carries our
+#: ``MARKER`` too; only this back-reference tells the marked function from such a wrapper.
+_MARKED = "__verl_npu_autopatch_function__"
 
 _MISSING = object()
 
 
 def mark(obj: Any, patch_name: str) -> Any:
     """Tag ``obj`` (a function, or the function inside a static/class method) as installed by us."""
-    setattr(getattr(obj, "__func__", obj), MARKER, patch_name)
+    func = getattr(obj, "__func__", obj)
+    setattr(func, MARKER, patch_name)
+    setattr(func, _MARKED, func)
     return obj
 
 
 def marked_by(obj: Any) -> str | None:
-    """The patch name ``obj`` was marked with, or ``None``."""
-    return getattr(getattr(obj, "__func__", obj), MARKER, None)
+    """The patch name ``obj`` was marked with, or ``None`` (also for another owner's
+    ``functools.wraps`` wrapper around a marked function)."""
+    func = getattr(obj, "__func__", obj)
+    if getattr(func, _MARKED, None) is not func:
+        return None
+    return getattr(func, MARKER, None)
 
 
 def set_attribute(owner: Any, name: str, value: Any) -> Undo:
@@ -98,6 +108,18 @@ def describe(obj: Any) -> str:
     func = getattr(obj, "__func__", obj)
     module = getattr(func, "__module__", None) or "?"
     return f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
+
+
+def origin(obj: Any) -> str:
+    """Where a callable was really written, as ``module.qualname``: read from its code object and
+    globals, which ``functools.wraps`` does not copy (unlike ``__module__``/``__qualname__``), so a
+    wrapper installed by someone else is named by its own module, not by the function it wraps.
+    Falls back to :func:`describe` for callables without Python code."""
+    func = getattr(obj, "__func__", obj)
+    code, namespace = getattr(func, "__code__", None), getattr(func, "__globals__", None)
+    if code is None or not isinstance(namespace, dict):
+        return describe(obj)
+    return f"{namespace.get('__name__') or '?'}.{getattr(code, 'co_qualname', code.co_name)}"
 
 
 def replace_method(owner: Any, name: str, make: Callable[[Any], Any], patch_name: str) -> Undo:

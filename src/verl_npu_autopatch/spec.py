@@ -89,6 +89,9 @@ class Patch:
     ``unsupported(...)``; ``fix(site)`` applies the fix and returns an ``Undo``. ``yields_to``
     holds detectors returning the name of another owner of the target (e.g. Liger-Kernel), or
     ``None``; a patch whose target is owned elsewhere records ``yielded`` and stays off.
+    ``via`` names enclosing callables the target is only reached through (experts through the
+    MoE block's forward): when another owner holds one of them, our fix does not run, so the
+    record is ``yielded`` (owner recognised by a detector) or ``superseded`` (unknown owner).
     """
 
     name: str
@@ -102,6 +105,7 @@ class Patch:
     device: Device = "npu-stack"
     default: bool = True
     yields_to: tuple[Callable[[Site], str | None], ...] = ()
+    via: tuple[Target, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or " " in self.name:

@@ -109,6 +109,17 @@ def test_doctor_exits_non_zero_on_failure_and_shows_why(base_python: Path) -> No
     assert "RuntimeError: boom from the fixture fix" in proc.stdout
 
 
+def test_doctor_exits_non_zero_on_superseded_and_names_the_live_owner(base_python: Path) -> None:
+    site = ROOT / "tests" / "fixtures" / "site"
+    env = {"AUTOPATCH_FIXTURE_USURPER": "1"}
+    data = json.loads(cli(base_python, "doctor", "--json", "--device", "npu", env=env, pythonpath=site).stdout)
+    record = next(r for r in data["records"] if r["name"] == "fixture.forward")
+    assert (record["state"], record["reason"]) == ("superseded", "replaced by autopatch_usurper.usurped_forward")
+    proc = cli(base_python, "doctor", "--device", "npu", env=env, pythonpath=site)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "SUPERSEDED: fixture.forward: the fix was installed, but something else runs there now" in proc.stdout
+
+
 def test_doctor_on_inert_host(base_python: Path) -> None:
     proc = cli(base_python, "doctor", "--json")
     data = json.loads(proc.stdout)

@@ -132,3 +132,83 @@ def make_engine() -> Iterator[Callable[..., Engine]]:
     for engine in engines:
         engine.revert()
         engine.close("test finished")
+
+
+# --------------------------------------------------------------------------- verl's own npu_patch
+ROOT = HERE.parents[1]
+VERL_VERSION = "0.9.1"
+VERL_NPU_PATCH = "verl/models/transformers/npu_patch.py"
+
+
+def _verl_source() -> Path:
+    """verl's released ``npu_patch.py``, downloaded (sha256-checked against the index, cached in
+    .cache/upstream) by ``scripts/compat-matrix``'s own code."""
+    import importlib.machinery
+
+    name = "compat_matrix_script"
+    if name not in sys.modules:
+        loader = importlib.machinery.SourceFileLoader(name, str(ROOT / "scripts" / "compat-matrix"))
+        spec = importlib.util.spec_from_loader(name, loader)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        loader.exec_module(module)
+    script = sys.modules[name]
+    artifact = script.Artifact("verl", VERL_VERSION, f"verl-{VERL_VERSION}-py3-none-any.whl")
+    return script.extract(artifact, (VERL_NPU_PATCH,)) / "verl"
+
+
+@pytest.fixture
+def verl(npu: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """verl's real ``verl.models.transformers.npu_patch`` (release 0.9.1), imported for real under
+    its own name; only verl's heavy package ``__init__`` chain (ray, tensordict, ...) is replaced by
+    empty packages pointing at the release's directories. Every family module is restored after
+    the test (verl assigns its kernels for good)."""
+    import types
+
+    try:
+        root = _verl_source()
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download verl {VERL_VERSION} from PyPI: {exc}")
+    npu_emulation.integer_histc(monkeypatch)
+    for name, sub in (("verl", ""), ("verl.models", "models"), ("verl.models.transformers", "models/transformers")):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(root / sub)]
+            sys.modules[name] = package
+    modules = [importlib.import_module(transformers_npu.module_name(f)) for f in PRESENT]
+    with restored(modules):
+        yield importlib.import_module("verl.models.transformers.npu_patch")
+
+
+class restored:
+    """Context manager putting back every module attribute and class attribute of ``modules``
+    (and of the classes defined there) as they were on entry."""
+
+    def __init__(self, modules: list[Any]) -> None:
+        self.saved = [
+            (
+                module,
+                dict(vars(module)),
+                {
+                    c: dict(vars(c))
+                    for c in vars(module).values()
+                    if isinstance(c, type) and c.__module__ == module.__name__
+                },
+            )
+            for module in modules
+        ]
+
+    def __enter__(self) -> restored:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for module, names, classes in self.saved:
+            for cls, attrs in classes.items():
+                for key in [k for k in vars(cls) if k not in attrs and not k.startswith("__")]:
+                    delattr(cls, key)
+                for key, value in attrs.items():
+                    if not key.startswith("__") and vars(cls).get(key) is not value:
+                        setattr(cls, key, value)
+            for key, value in names.items():
+                if module.__dict__.get(key) is not value:
+                    setattr(module, key, value)

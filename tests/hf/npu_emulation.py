@@ -121,3 +121,17 @@ def install(monkeypatch: Any) -> Any:
     monkeypatch.setitem(sys.modules, "torch_npu", sys.modules[__name__])
     monkeypatch.setattr(_npu_kernels, "_torch_npu", None)
     return sys.modules[__name__]
+
+
+def integer_histc(monkeypatch: Any) -> None:
+    """TEST DOUBLE for the NPU's ``torch.histc``, which counts integer tensors (verl's MoE forwards
+    pass the int64 expert indices); CPU torch takes floating tensors only, so integers are counted
+    as floats here (exact for expert indices)."""
+    import torch
+
+    histc = torch.histc
+
+    def npu_histc(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return histc(input if input.is_floating_point() else input.float(), *args, **kwargs)
+
+    monkeypatch.setattr(torch, "histc", npu_histc)

@@ -34,7 +34,7 @@ PRELUDE = textwrap.dedent(
 
     def dump(engine, families, **extra):
         records = {
-            name: {"state": r.state, "reason": r.reason,
+            name: {"state": r.state, "reason": r.reason, "target": r.target,
                    "owner": owner(r.target) if r.target.split(":")[0] in sys.modules else None}
             for name, r in engine.records.items()
             if name.split(".")[1] in families or name == "liger.arbitration"
@@ -98,7 +98,7 @@ def test_liger_applied_after_us_takes_over_its_targets() -> None:
         assert qwen2[kind]["reason"] == "target handed to liger-kernel (apply_liger_kernel_to_qwen2)"
     assert qwen3["rms_norm"]["owner"] == qwen3["mlp"]["owner"] == "liger"
     assert "apply_liger_kernel_to_qwen3)" in qwen3["mlp"]["reason"]
-    assert qwen3["rotary"] == {"state": "applied", "reason": qwen3["rotary"]["reason"], "owner": "ours"}  # rope=False
+    assert (qwen3["rotary"]["state"], qwen3["rotary"]["owner"]) == ("applied", "ours")  # rope=False
     # Liger has no gated RMSNorm and leaves rope off for Qwen3-Next: those stay ours.
     assert qwen3_next["rms_norm_gated"]["state"] == qwen3_next["rotary"]["state"] == "applied"
     assert qwen3_next["rms_norm"]["owner"] == qwen3_next["experts"]["owner"] == "liger"
@@ -109,25 +109,37 @@ def test_liger_on_an_instance_as_verl_calls_it() -> None:
         """
         engine = make_engine()
         model = tiny("qwen3", "Qwen3ForCausalLM", "Qwen3Config")
-        moe = tiny("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", num_experts=4, num_experts_per_tok=2,
-                   moe_intermediate_size=16)
+        moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+        models = [model, tiny("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", **moe),
+                  tiny("qwen3_vl_moe", "Qwen3VLMoeTextModel", "Qwen3VLMoeTextConfig", **moe)]
         from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
-        for m in (model, moe):
+        for m in models:
             _apply_liger_kernel_to_instance(model=m, fused_linear_cross_entropy=False, swiglu=True)
-        layer = model.model.layers[0]
+        layer, moe_layer = model.model.layers[0], models[1].model.layers[0]
         bound = {
             "mlp": layer.mlp.forward.__func__.__module__,
             "norm": layer.input_layernorm.forward.__func__.__module__,
             "class_mlp_marked": bool(marked_by(type(layer.mlp).forward)),
             "class_norm_marked": bool(marked_by(type(layer.input_layernorm).forward)),
+            "moe_mlp_class": marked_by(sys.modules[
+                transformers_npu.module_name("qwen3_moe")].Qwen3MoeMLP.forward),
+            "moe_experts": moe_layer.mlp.experts.forward.__func__.__module__,
         }
-        dump(engine, ("qwen3", "qwen3_moe"), bound=bound)
+        dump(engine, ("qwen3", "qwen3_moe", "qwen3_vl_moe"), bound=bound)
         """
     )
     records = out["records"]
     assert_one_owner(records)
-    for name in ("qwen3", "qwen3_moe"):
+    # Liger 0.8.5 (transformers 5): swiglu=True replaces Qwen3MLP and the MoE experts, but not the
+    # Qwen3-MoE / Qwen3-VL-MoE dense MLPs.
+    kept = {"qwen3_moe": "mlp", "qwen3_vl_moe": "mlp"}
+    for name in ("qwen3", "qwen3_moe", "qwen3_vl_moe"):
         for kind, record in family(records, name).items():
+            if kind == kept.get(name):
+                assert (record["state"], record["owner"]) == ("applied", "ours"), (name, kind, record)
+                why = f"kept: apply_liger_kernel_to_{name}(swiglu=True) does not replace {record['target']}"
+                assert record["reason"] == f"fix installed; {why}"
+                continue
             assert record["state"] == "yielded", (name, kind, record)
             assert record["reason"] == (
                 f"target handed to liger-kernel (_apply_liger_kernel_to_instance -> apply_liger_kernel_to_{name})"
@@ -135,6 +147,31 @@ def test_liger_on_an_instance_as_verl_calls_it() -> None:
     assert family(records, "qwen3_moe")["experts"]["owner"] == "liger"  # LigerExperts
     assert out["bound"]["mlp"].startswith("liger_kernel") and out["bound"]["norm"].startswith("liger_kernel")
     assert out["bound"]["class_mlp_marked"] is out["bound"]["class_norm_marked"] is False
+    assert out["bound"]["moe_mlp_class"] == "transformers.qwen3_moe.mlp"  # ours is what runs there
+    assert out["bound"]["moe_experts"].startswith("liger_kernel")
+
+
+def test_liger_function_that_raises_takes_nothing() -> None:
+    out = child(
+        """
+        engine = make_engine()
+        model = tiny("qwen3_vl", "Qwen3VLTextModel", "Qwen3VLTextConfig")
+        from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+        try:
+            _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=False, swiglu=True)
+        except ImportError as exc:
+            error = str(exc)
+        dump(engine, ("qwen3_vl",), error=error)
+        """
+    )
+    # Liger 0.8.5's Qwen3-VL code cannot import its output class on transformers 5.24: it raises
+    # before replacing anything, so our kernels stay, and say so.
+    assert "LigerQwen3VLCausalLMOutputWithPast" in out["error"]
+    records = out["records"]
+    assert_one_owner(records)
+    assert {k: (v["state"], v["owner"]) for k, v in family(records, "qwen3_vl").items()} == dict.fromkeys(
+        ("rms_norm", "mlp", "rotary"), ("applied", "ours")
+    )
 
 
 def test_liger_applied_before_us_is_left_alone() -> None:
@@ -156,6 +193,25 @@ def test_liger_applied_before_us_is_left_alone() -> None:
             assert record["state"] == "yielded" and record["owner"] == "liger", (name, kind, record)
             assert record["reason"].startswith("target owned by liger-kernel (liger_kernel.transformers."), record
     assert "LigerRMSNorm.forward" in records["transformers.qwen2.rms_norm"]["reason"]
+
+
+def test_liger_applied_before_us_keeps_what_it_does_not_replace() -> None:
+    out = child(
+        """
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_moe
+        apply_liger_kernel_to_qwen3_moe()  # class level, before our engine activates
+        engine = make_engine()
+        dump(engine, ("qwen3_moe",))
+        """
+    )
+    records = out["records"]
+    assert_one_owner(records)
+    qwen3_moe = family(records, "qwen3_moe")
+    for kind in ("rms_norm", "rotary", "experts"):
+        assert (qwen3_moe[kind]["state"], qwen3_moe[kind]["owner"]) == ("yielded", "liger"), kind
+    assert "LigerExperts.forward" in qwen3_moe["experts"]["reason"]
+    # Liger 0.8.5 leaves Qwen3MoeMLP (the dense layers' MLP) alone on transformers 5: ours runs there.
+    assert (qwen3_moe["mlp"]["state"], qwen3_moe["mlp"]["owner"]) == ("applied", "ours")
 
 
 def test_liger_before_the_modeling_module_is_imported() -> None:

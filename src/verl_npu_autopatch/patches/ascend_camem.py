@@ -4,6 +4,9 @@ memory (opt-in, group ``glm52``).
 Graph replays and kernel launches are asynchronous: work still queued on the device may touch
 the virtual mappings that ``sleep`` unmaps. vllm-ascend's own ``torch.npu.empty_cache()`` comes
 after the unmap loop, too late. 0.30.0rc2 added the same synchronization upstream.
+
+verl 0.9's ``patch_camem_sleep`` is the same fix: ours carries verl's ``_verl_camem_sleep_patched``
+marker (verl then skips its own), and a live verl ``sleep`` makes ours ``yielded``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.patches._shapes import Code, UpstreamTree, signature_text
+from verl_npu_autopatch.patches._verl import CAMEM_MARKER, claim, yield_to_verl
 from verl_npu_autopatch.patching import replace_method
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
 
@@ -47,7 +51,7 @@ def _fix(site: Site) -> Undo:
             module.torch.npu.synchronize()  # the camem module's own torch, as its sleep uses it
             return original(self, *args, **kwargs)
 
-        return sleep
+        return claim(sleep, CAMEM_MARKER)
 
     return replace_method(site.owner, site.attribute, make, site.patch.name)
 
@@ -69,6 +73,7 @@ PATCHES = [
         default=False,
         check=_check,
         fix=_fix,
+        yields_to=(yield_to_verl(),),
     ),
 ]
 

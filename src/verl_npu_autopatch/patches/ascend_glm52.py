@@ -9,6 +9,11 @@
 
 Each patch's decision is a pure rule over :class:`~._shapes.Code` values, used by ``check`` on the
 live target and by ``scripts/compat-matrix`` (``STATIC``) on a release's source.
+
+Next to verl 0.9's ``patch_vllm_ascend_glm52`` (same three fixes): each of ours carries verl's
+``_verl_vllm_ascend_glm52_patched`` marker, so verl run after us skips its copy. Run after verl,
+the indexer scale and kv_b_proj fixes (equivalent to verl's) record ``yielded``; the RMSNorm fix
+(verl's drops the norm's bias) replaces verl's and wraps the upstream method verl wrapped.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from verl_npu_autopatch.patches._shapes import Code, UpstreamTree, signature_text
+from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, over_verl, peel, yield_to_verl
 from verl_npu_autopatch.patching import chain, mark, replace_method, set_attribute
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
 
@@ -48,14 +54,16 @@ def rms_norm_rule(forward_oot: Code) -> Verdict:
 
 
 def _check_rms_norm(site: Site) -> Verdict:
-    return rms_norm_rule(Code.live(site.value))
+    return over_verl(rms_norm_rule(Code.live(site.value)), site.value, "it drops the norm's bias")
 
 
 def _fix_rms_norm(site: Site) -> Undo:
     module = site.module
     chunks = Code.live(site.value).has("maybe_chunk_residual")
 
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+    def make(live: Callable[..., Any]) -> Callable[..., Any]:
+        original = peel(live)  # the release's method, also when verl's copy is in place
+
         @functools.wraps(original)
         def forward_oot(self: Any, x: Any, residual: Any = None) -> Any:
             if residual is None:
@@ -71,7 +79,7 @@ def _fix_rms_norm(site: Site) -> Undo:
                 out.add_(bias)
             return out, residual
 
-        return forward_oot
+        return claim(forward_oot, GLM52_MARKER)
 
     return replace_method(site.owner, site.attribute, make, site.patch.name)
 
@@ -128,7 +136,7 @@ def _fix_kv_b_proj(site: Site) -> Undo:
             finally:
                 _preserved.reset(token)
 
-        return process_weights_after_loading
+        return claim(process_weights_after_loading, GLM52_MARKER)
 
     undo_dispose = set_attribute(site.module, "dispose_layer", mark(dispose_layer, name))
     return chain(undo_dispose, replace_method(site.owner, site.attribute, make, name))
@@ -183,7 +191,7 @@ def _fix_indexer(site: Site) -> Undo:
             weights = weights * (sfa_impl.n_head**-0.5) * (sfa_impl.head_dim**-0.5)
             return original(sfa_impl, q_li, q_li_scale, q_li_shape_ori, weights, *args, **kwargs)
 
-        return indexer_select_post_process
+        return claim(indexer_select_post_process, GLM52_MARKER)
 
     # site.owner is the class sfa_v1.DeviceOperator resolved to on this device (Base/A5/310P).
     return replace_method(site.owner, site.attribute, make, site.patch.name)
@@ -241,6 +249,7 @@ PATCHES = [
         default=False,
         check=_check_kv_b_proj,
         fix=_fix_kv_b_proj,
+        yields_to=(yield_to_verl(),),
     ),
     Patch(
         name="ascend.sfa_indexer_scale",
@@ -251,6 +260,7 @@ PATCHES = [
         default=False,
         check=_check_indexer,
         fix=_fix_indexer,
+        yields_to=(yield_to_verl(),),
     ),
 ]
 

@@ -5,18 +5,25 @@ Liger first: every ``transformers_npu`` patch carries the ``liger_owner`` detect
 
 Liger after us: this patch wraps liger's ``apply_liger_kernel_to_<family>`` functions for our
 families — the module attributes *and* the entries of ``MODEL_TYPE_TO_APPLY_LIGER_FN``, which
-``_apply_liger_kernel_to_instance`` (verl's call) and ``_apply_liger_kernel`` look up. Before
-Liger runs, the wrapper hands over (``Engine.yield_to``: revert, record ``yielded`` naming the
-Liger function) each of our patches on that model whose kernel Liger is switched on for
-(``rms_norm`` → RMSNorm, ``swiglu`` → MLP and experts, ``rope`` → rotary). Kernels Liger has no
-switch for stay ours unless Liger took the target anyway, which is checked after it returns.
+``_apply_liger_kernel_to_instance`` (verl's call) and ``_apply_liger_kernel`` look up. Once the
+Liger function has run, the wrapper hands over (``Engine.yield_to``: revert, record ``yielded``
+naming the Liger function) each of our patches on that model that the Liger function replaces:
+its switch (``rms_norm`` → RMSNorm, ``swiglu`` → MLP and experts, ``rope`` → rotary) is on *and*
+the function's own code rebinds our target's class or function under that switch
+(:func:`rebound_names`, read from the installed Liger: e.g. Liger 0.8.5's Qwen3-MoE ``swiglu``
+takes the experts but not ``Qwen3MoeMLP``, and Qwen3-VL has no ``swiglu`` code at all). The
+others stay ours, and the record says so; a target Liger took anyway is handed over too. When
+the Liger function raises (Liger 0.8.5's Qwen3-VL code cannot import on transformers 5.24), only
+what it rebound before failing is handed over.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -75,11 +82,70 @@ def _liger_took(target: str) -> bool:
     return any(transformers_npu._module_of(o).split(".")[0] == "liger_kernel" for o in [obj, *holders[1:]])
 
 
+def rebound_names(function: Callable) -> dict[str, set[str]] | None:
+    """Liger's switch parameter -> the module attributes ``function`` rebinds (``x.Name = ...``)
+    in the branches that run when that switch is on, with branches on module-level booleans
+    (``IS_TRANSFORMERS_V5_OR_LATER``) decided by their live value; ``None`` without source."""
+    function = inspect.unwrap(function)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    definition = tree.body[0]
+    if not isinstance(definition, ast.FunctionDef):
+        return None
+    switches = {arg.arg for arg in definition.args.args + definition.args.kwonlyargs}
+    flags = getattr(function, "__globals__", {})
+    found: dict[str, set[str]] = {switch: set() for switch in switches}
+
+    def visit(statements: list[ast.stmt], active: frozenset[str]) -> None:
+        for statement in statements:
+            if isinstance(statement, ast.If):
+                test = statement.test
+                name = test.id if isinstance(test, ast.Name) else None
+                if name in switches:
+                    visit(statement.body, active | {name})
+                    visit(statement.orelse, active)
+                elif name is not None and isinstance(flags.get(name), bool):
+                    visit(statement.body if flags[name] else statement.orelse, active)
+                else:
+                    visit(statement.body, active)
+                    visit(statement.orelse, active)
+                continue
+            if isinstance(statement, ast.Assign):
+                for target in statement.targets:
+                    if isinstance(target, ast.Attribute):
+                        for switch in active:
+                            found[switch].add(target.attr)
+            if isinstance(statement, (ast.For, ast.While, ast.With, ast.Try)):
+                for block in (statement.body, getattr(statement, "orelse", []), getattr(statement, "finalbody", [])):
+                    visit(block, active)
+                for handler in getattr(statement, "handlers", []):
+                    visit(handler.body, active)
+
+    visit(definition.body, frozenset())
+    return found
+
+
+def _holders(target: str) -> set[str]:
+    """First qualname parts of a record's target(s): the class or function Liger would rebind."""
+    return {part.partition(":")[2].split(".")[0] for part in target.split(" | ")}
+
+
+def _hand_over_taken(engine: Any, patches: list[str], owner: str) -> None:
+    """Yield each applied patch whose live target Liger took (rebound) anyway."""
+    for patch in patches:
+        record = engine.records.get(patch)
+        if record is not None and record.state == "applied" and _liger_took(record.target):
+            engine.yield_to(patch, owner)
+
+
 def _wrap_apply(original: Callable, family: str, engine: Any, name: str) -> Callable:
     try:
         signature: inspect.Signature | None = inspect.signature(original)
     except (TypeError, ValueError):
         signature = None
+    rebound = rebound_names(original)
     ours = [(kind, transformers_npu.patch_name(family, kind)) for kind in transformers_npu.kinds(family)]
 
     @functools.wraps(original)
@@ -94,19 +160,28 @@ def _wrap_apply(original: Callable, family: str, engine: Any, name: str) -> Call
                 switches = dict(bound.arguments)
             except TypeError:
                 switches = {}
-        kept = []
+        handed, kept = [], []
         for kind, patch in ours:
             switch = LIGER_SWITCH.get(kind)
-            if switch is not None and switch in switches:
-                if switches[switch]:
-                    engine.yield_to(patch, owner)
+            if switch is None or switch not in switches:
+                kept.append(patch)
+                continue
+            if not switches[switch]:
+                continue
+            record = engine.records.get(patch)
+            if rebound is None or record is None or _holders(record.target) & rebound.get(switch, set()):
+                handed.append(patch)
             else:
                 kept.append(patch)
-        result = original(*args, **kwargs)
-        for patch in kept:
-            record = engine.records.get(patch)
-            if record is not None and record.state == "applied" and _liger_took(record.target):
-                engine.yield_to(patch, owner)
+                engine.note(patch, f"kept: {original.__name__}({switch}=True) does not replace {record.target}")
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            _hand_over_taken(engine, [*handed, *kept], owner)  # ours stays where Liger failed to take over
+            raise
+        for patch in handed:
+            engine.yield_to(patch, owner)
+        _hand_over_taken(engine, kept, owner)
         return result
 
     return apply

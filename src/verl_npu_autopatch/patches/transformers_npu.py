@@ -102,7 +102,7 @@ def patch_name(family: str, kind: str) -> str:
     return f"{GROUP}.{family}.{kind}"
 
 
-# --------------------------------------------------------------------------- Liger detector
+# --------------------------------------------------------------------------- other owners: Liger, verl
 def _module_of(obj: Any) -> str:
     return getattr(getattr(obj, "__func__", obj), "__module__", None) or ""
 
@@ -117,6 +117,28 @@ def liger_owner(site: Site) -> str | None:
         if _module_of(obj).split(".")[0] == "liger_kernel":
             return f"liger-kernel ({describe(site.value)})"
     return None
+
+
+def verl_owner(site: Site) -> str | None:
+    """``"verl (<module.qualname>)"`` when the live target (or the class holding it, which verl
+    rebinds for Qwen3-VL-MoE's block) comes from verl's in-tree ``npu_patch``: the same torch_npu
+    kernels, so either may run; the record names who does."""
+    candidates = [site.value]
+    if isinstance(site.owner, type):
+        candidates.append(site.owner)
+    for obj in candidates:
+        if _module_of(obj).split(".")[0] == "verl":
+            return f"verl ({describe(site.value)})"
+    return None
+
+
+def enclosing(family: str, kind: str) -> tuple[str, ...]:
+    """Qualnames our ``kind`` target is only reached through: a fused experts module runs only
+    while its MoE block's ``forward`` calls ``self.experts`` (verl's block forwards do not)."""
+    if kind != "experts":
+        return ()
+    experts = dict(MODELS[family])[kind][0]
+    return (experts.replace("Experts.forward", "SparseMoeBlock.forward"),)
 
 
 # --------------------------------------------------------------------------- probes
@@ -286,7 +308,8 @@ def family_patches(family: str, module: str | None = None) -> list[Patch]:
             default=True,
             check=partial(check, kind),
             fix=partial(fix, kind),
-            yields_to=(liger_owner,),
+            yields_to=(liger_owner, verl_owner),
+            via=tuple(Target(module, qualname) for qualname in enclosing(family, kind)),
         )
         for kind, variants in MODELS[family]
     ]

@@ -8,6 +8,10 @@ otherwise. vLLM ≥ 0.30 has the fix (``fixed-upstream``).
 
 The EngineCore process is reached by the start-up hook (the ``.pth``), which runs in every
 interpreter, spawned ones included: no entry-point swapping is needed.
+
+verl 0.9's ``patch_vllm_glm52_partial_wake_up`` is the same backport. Ours carries verl's
+``_verl_vllm_ascend_glm52_patched`` marker on both methods, so verl run after us finds them patched
+(and keeps vLLM's own ``run_engine_core``); installed by verl first, ours records ``yielded``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.patches._shapes import Code, UpstreamTree, signature_text
+from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, yield_to_verl
 from verl_npu_autopatch.patching import chain, replace_method
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
 
@@ -110,6 +115,11 @@ def _live_parts(module: Any) -> tuple[Code | None, Code | None]:
     return (Code.live(dummy) if dummy else None), (Code.live(_decorated(loop, "run_busy_loop")) if loop else None)
 
 
+def _dummy_batch(site: Site) -> Any:
+    """The live ``DPEngineCoreProc.execute_dummy_batch`` (verl patches it with ``wake_up``)."""
+    return getattr(getattr(site.module, "DPEngineCoreProc", None), "execute_dummy_batch", None)
+
+
 def _check(site: Site) -> Verdict:
     return partial_wake_up_rule(Code.live(site.value), *_live_parts(site.module))
 
@@ -129,7 +139,7 @@ def _fix(site: Site) -> Undo:
                 if not self.model_executor.is_sleeping:  # a partial wake-up keeps scheduling paused
                     self.resume_scheduler()
 
-            return wake_up
+            return claim(wake_up, GLM52_MARKER)
 
         undos.append(replace_method(site.owner, site.attribute, make_wake_up, name))
     if dummy_batch_state(*_live_parts(site.module)) == "needed":
@@ -141,7 +151,7 @@ def _fix(site: Site) -> Undo:
                     return None
                 return original(self)
 
-            return execute_dummy_batch
+            return claim(execute_dummy_batch, GLM52_MARKER)
 
         undos.append(replace_method(site.module.DPEngineCoreProc, "execute_dummy_batch", make_dummy, name))
     return chain(*undos)
@@ -167,6 +177,7 @@ PATCHES = [
         default=False,
         check=_check,
         fix=_fix,
+        yields_to=(yield_to_verl(_dummy_batch),),
     ),
 ]
 

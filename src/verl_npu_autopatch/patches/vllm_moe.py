@@ -26,6 +26,12 @@ in the live modules wins):
 
 ``RoutedExperts`` is listed first so that, should both ever exist, the base class that owns the
 parameters is the one patched (vllm-ascend's ``AscendRoutedExperts`` inherits the wrapper).
+
+verl 0.9 wraps ``FusedMoE.weight_loader`` itself (``vllm_v013_weight_loader_method_wrapper``, only
+while ``fused_moe.FusedMoE`` is a class) with the same rule minus the square-shape guard. Ours is
+strictly better, so it runs in both orders: it carries verl's ``_verl_npu_weight_loader_patched``
+marker (verl then skips), and installed after verl it wraps the upstream loader under verl's
+wrapper, not the wrapper, so the layout is flipped at most once.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, claim, over_verl, peel
 from verl_npu_autopatch.patching import describe, parameter_names, replace_method
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
@@ -62,11 +69,13 @@ def _log_ambiguous(layer: Any, shape: Any, shard_id: str, hidden: int) -> None:
     )
 
 
-def make_weight_loader(original: Any) -> Any:
-    """Wrap ``original`` so a runtime-layout parameter is viewed back to checkpoint layout first.
+def make_weight_loader(live: Any) -> Any:
+    """Wrap the upstream loader (``live``, or the one under verl's wrapper when ``live`` is
+    verl's) so a runtime-layout parameter is viewed back to checkpoint layout first.
 
     The per-call cost is a shape look-up and a few comparisons; nothing is inspected.
     """
+    original = peel(live)
 
     @functools.wraps(original)
     def weight_loader(
@@ -95,7 +104,7 @@ def make_weight_loader(original: Any) -> Any:
                         param.data = param.data.transpose(1, 2)
         return original(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
 
-    return weight_loader
+    return claim(weight_loader, WEIGHT_LOADER_MARKER)
 
 
 def check(site: Site) -> Verdict:
@@ -108,7 +117,7 @@ def check(site: Site) -> Verdict:
         return unsupported(
             f"{site.target.qualname}({', '.join(EXPECTED_PARAMETERS)})", f"{describe(site.value)}{found}"
         )
-    return APPLY
+    return over_verl(APPLY, site.value, "it also transposes square (ambiguous) expert weights")
 
 
 def fix(site: Site) -> Undo:

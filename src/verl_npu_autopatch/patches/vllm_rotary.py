@@ -29,6 +29,13 @@ patch's bug, and replacing an upstream ``__init__`` that already copes costs mor
 than it buys. The tests pin this on the real classes: unpatched vLLM 0.13.0 and 0.23.0 crash on the
 dummy on a non-CPU platform (``scripts/compat-vllm``) and the check says ``apply``; the unpatched
 0.32 class tolerates it and the check says ``fixed-upstream``; the replacement imports nothing.
+
+Next to verl: verl 0.9's ``patch_vllm013_rotary_emb`` assigns its own ``__init__`` (no marker, no
+``functools.wraps``) that calls the base initialiser without ``enforce_enable``. Ours is strictly
+better, so ours (or vLLM's own fixed ``__init__``) is what runs in both orders: run after verl,
+the check reads the upstream ``__init__`` from the class's source file (verl kept no reference to
+it) and the fix replaces verl's, also when upstream is fixed (verl's would still drop
+``enforce_enable``); run before verl, patch ``verl.defer_duplicates`` turns verl's call into a no-op.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import inspect
 import textwrap
 from typing import Any
 
+from verl_npu_autopatch.patches._verl import verl_owned
 from verl_npu_autopatch.patching import describe, replace_method
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
 
@@ -81,13 +89,16 @@ def _signature(func: Any) -> str | None:
     return f"({', '.join(parts)})"
 
 
-def _body(func: Any) -> list[ast.stmt] | None:
-    """The statements of ``func``'s body, or ``None`` without source."""
+def _body(func: Any, owner: Any = None) -> list[ast.stmt] | None:
+    """The statements of ``func``'s body, or ``None`` without source. With ``owner`` (a class):
+    the body of the ``__init__`` written in the class's own source instead."""
     try:
-        source = textwrap.dedent(inspect.getsource(func))
+        source = textwrap.dedent(inspect.getsource(owner if owner is not None else func))
     except (OSError, TypeError):
         return None
     node = ast.parse(source).body[0]
+    if owner is not None and isinstance(node, ast.ClassDef):
+        node = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
     body = list(node.body)
@@ -168,14 +179,25 @@ def _unguarded_imports(stmt: ast.stmt) -> tuple[int, int]:
 
 
 def check(site: Site) -> Verdict:
-    """Apply only to the known upstream ``__init__`` whose flash-attn import is unguarded."""
+    """Apply only to the known upstream ``__init__`` whose flash-attn import is unguarded, or
+    over verl's replacement of it."""
     func = getattr(site.value, "__func__", site.value)
     signature = _signature(func)
     if signature != EXPECTED_SIGNATURE:
         return unsupported(f"__init__{EXPECTED_SIGNATURE}", f"{describe(func)}{signature or ' without a signature'}")
-    body = _body(func)
+    verl = verl_owned(func)
+    body = _body(func, site.owner if verl else None)
     if body is None:
         return unsupported("inspectable Python source of ApplyRotaryEmb.__init__", "no source")
+    verdict = _upstream_verdict(body)
+    if verl is None or verdict.action == "unsupported":
+        return verdict
+    upstream = "copes with a dummy flash_attn" if verdict.action == "fixed-upstream" else "needs this fix"
+    return Verdict("apply", f"replaces verl's {verl}, which drops enforce_enable (vLLM's own __init__ {upstream})")
+
+
+def _upstream_verdict(body: list[ast.stmt]) -> Verdict:
+    """The decision on the statements of vLLM's own ``__init__``."""
     imports = unguarded = 0
     unknown, seen = [], set()
     for stmt in body:
@@ -207,7 +229,6 @@ def make_init(owner: type) -> Any:
     """The factory for ``replace_method``: an ``__init__`` of ``owner`` that never imports flash_attn."""
 
     def make(original: Any) -> Any:
-        @functools.wraps(original)
         def __init__(
             self: Any,
             enforce_enable: bool = False,
@@ -219,6 +240,10 @@ def make_init(owner: type) -> Any:
             self.enable_fp32_compute = enable_fp32_compute
             self.apply_rotary_emb_flash_attn = None
 
+        if verl_owned(original) is None:
+            functools.update_wrapper(__init__, original)
+        else:  # verl's replacement: name ours after the upstream method, not after verl's
+            __init__.__module__, __init__.__qualname__ = owner.__module__, f"{owner.__qualname__}.__init__"
         return __init__
 
     return make

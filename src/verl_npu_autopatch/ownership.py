@@ -1,0 +1,240 @@
+"""Ownership: where each applied patch installed what, re-verified against the live attribute.
+
+An ``applied`` record is a claim about the live attribute. :func:`verify` re-checks it whenever a
+record is read: if our installed value is no longer what the target (or an enclosing callable
+the target is only reached through, ``Patch.via``) holds, the record becomes ``yielded`` when one
+of the patch's ``yields_to`` detectors recognises the new owner, else ``superseded`` naming it
+(``module.qualname``), or ``superseded: module reloaded`` when the module was re-executed or
+replaced in ``sys.modules``. :class:`ReloadWatcher` sees ``importlib.reload`` of a patched module
+(wrapt's post-import hooks fire once per name) so the engine can apply the fix again.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from verl_npu_autopatch.patching import marked_by, origin
+from verl_npu_autopatch.spec import Patch, Site, Target
+
+#: ``Installation.value`` of a fix that did not replace its target attribute.
+UNCHECKED = object()
+
+#: Record states a re-verification may move between (``applied`` and the displaced states).
+VERIFIED_STATES = ("applied", "superseded", "yielded")
+
+
+@dataclass
+class Installation:
+    """What an applied patch left where: ``owner.attribute is value`` on ``module`` (as executed
+    under ``spec``), and the raw value of each enclosing callable it is reached through."""
+
+    target: Target
+    module: ModuleType
+    spec: Any
+    owner: Any
+    attribute: str
+    value: Any
+    reason: str
+    via: dict[Target, Any] = field(default_factory=dict)
+
+
+def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
+    """``(holder, raw attribute)`` of ``qualname`` in ``module``, or ``None`` when it is missing."""
+    holder: Any = module
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        holder = getattr(holder, part, None)
+        if holder is None:
+            return None
+    value = inspect.getattr_static(holder, parts[-1], None)
+    return None if value is None else (holder, value)
+
+
+def _lookup_in(target: Target, module: ModuleType) -> tuple[Any, Any] | None:
+    """:func:`lookup` of ``target`` in its own module: ``module`` when that is the one, else the
+    imported module of that name (``None`` while it is not imported)."""
+    if target.module != module.__name__:
+        other = sys.modules.get(target.module)
+        return None if other is None else lookup(other, target.qualname)
+    return lookup(module, target.qualname)
+
+
+def via_targets(patch: Patch, target: Target) -> tuple[Target, ...]:
+    """The enclosing callables of ``patch`` that apply to the chosen variant ``target``
+    (a variant that *is* the enclosing callable is not reached through itself)."""
+    return tuple(v for v in patch.via if (v.module, v.qualname) != (target.module, target.qualname))
+
+
+def detect(patch: Patch, site: Site) -> str | None:
+    """The first other owner a ``yields_to`` detector recognises at ``site``, or ``None``."""
+    for detector in patch.yields_to:
+        owner = detector(site)
+        if owner:
+            return owner
+    return None
+
+
+def installation(site: Site, reason: str) -> Installation:
+    """Remember what the fix left at ``site`` (read back live), the enclosing callables' values
+    now, and the ``applied`` reason (restored if our value comes back). A fix that left the
+    target itself untouched (it installs elsewhere) is checked for reloads only."""
+    found = lookup(site.module, site.target.qualname)
+    owner, value = found if found is not None else (site.owner, site.value)
+    if value is site.value and marked_by(value) != site.patch.name:
+        value = UNCHECKED
+    via = {}
+    for target in via_targets(site.patch, site.target):
+        enclosing = _lookup_in(target, site.module)
+        if enclosing is not None:
+            via[target] = enclosing[1]
+    spec = getattr(site.module, "__spec__", None)
+    return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via)
+
+
+def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -> tuple[str, str]:
+    """``(state, reason)`` of an applied patch against the live modules: ``applied`` (with the
+    reason it was applied) while our value is still what runs, else ``yielded`` / ``superseded``
+    naming the live owner."""
+    name = installed.target.module
+    live = sys.modules.get(name)
+    if live is None:
+        return "superseded", f"module {name} was removed from sys.modules"
+    if live is not installed.module or getattr(live, "__spec__", None) is not installed.spec:
+        return "superseded", "module reloaded"
+    found = lookup(live, installed.target.qualname)
+    if found is None:
+        return "superseded", f"{installed.target} no longer exists"
+    holder, value = found
+    if installed.value is not UNCHECKED and value is not installed.value:
+        site = Site(patch, installed.target, live, holder, installed.attribute, value, dict(versions), engine)
+        other = detect(patch, site)
+        if other:
+            return "yielded", f"target owned by {other}"
+        return "superseded", f"replaced by {origin(value)}"
+    for target, before in installed.via.items():
+        enclosing = _lookup_in(target, live)
+        if enclosing is None:
+            return "superseded", f"enclosing {target.qualname} no longer exists"
+        holder, value = enclosing
+        if value is before or is_ours(value):
+            continue
+        module = sys.modules.get(target.module, live)
+        site = Site(patch, target, module, holder, target.qualname.rpartition(".")[2], value, dict(versions), engine)
+        other = detect(patch, site)
+        if other:
+            return "yielded", f"target owned by {other} (only reached through {target.qualname})"
+        return "superseded", f"only reached through {target.qualname}, now {origin(value)}"
+    return "applied", installed.reason
+
+
+def enclosing_owner(patch: Patch, site: Site) -> str | None:
+    """At apply time: the other owner a detector recognises on an enclosing callable, as the
+    ``yielded`` reason, or ``None``."""
+    for target in via_targets(patch, site.target):
+        enclosing = _lookup_in(target, site.module)
+        if enclosing is None:
+            continue
+        holder, value = enclosing
+        attribute = target.qualname.rpartition(".")[2]
+        module = sys.modules.get(target.module, site.module)
+        other = detect(patch, Site(patch, target, module, holder, attribute, value, site.versions, site.engine))
+        if other:
+            return f"target owned by {other} (only reached through {target.qualname})"
+    return None
+
+
+def is_ours(value: Any) -> bool:
+    """Whether ``value`` was installed by one of our patches."""
+    return marked_by(value) is not None
+
+
+class _ReexecLoader:
+    """Wraps a module's loader for one ``importlib.reload``: runs it, restores the module's own
+    loader, then calls back (so the engine can apply the fix again)."""
+
+    def __init__(self, loader: Any, spec: Any, callback: Callable[[ModuleType], None]) -> None:
+        self._loader = loader
+        self._spec = spec
+        self._callback = callback
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        try:
+            self._loader.exec_module(module)
+        finally:
+            self._spec.loader = self._loader
+            if getattr(module, "__loader__", None) is self:
+                module.__loader__ = self._loader
+        try:
+            self._callback(module)
+        except Exception:  # never break the user's reload; verify() then says "module reloaded"
+            pass
+
+
+class ReloadWatcher:
+    """A ``sys.meta_path`` finder that answers only ``importlib.reload`` (``find_spec`` with a
+    ``target``) of modules ``wanted`` names, wrapping the real loader found by the finders after
+    it. Every other lookup returns ``None`` at once."""
+
+    verl_npu_autopatch_reload_watcher = True
+
+    def __init__(self, wanted: Callable[[str], bool], callback: Callable[[ModuleType], None]) -> None:
+        self._wanted = wanted
+        self._callback = callback
+        self._busy: set[str] = set()
+        self._lock = threading.Lock()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if target is None or name in self._busy:
+            return None
+        try:
+            if not self._wanted(name):
+                return None
+            with self._lock:
+                self._busy.add(name)
+            try:
+                spec = self._find_after_self(name, path, target)
+            finally:
+                with self._lock:
+                    self._busy.discard(name)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return None
+            spec.loader = _ReexecLoader(spec.loader, spec, self._callback)
+            return spec
+        except Exception:  # never break the user's reload
+            return None
+
+    def _find_after_self(self, name: str, path: Any, target: Any) -> Any:
+        for finder in list(sys.meta_path):
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+    def install(self) -> None:
+        """Put the watcher first on ``sys.meta_path`` (once)."""
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        """Take the watcher off ``sys.meta_path``."""
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass

@@ -1,0 +1,206 @@
+"""Records verified against the live attribute: ``superseded`` / ``yielded`` after the fact,
+enclosing callables (``Patch.via``), honest ``revert()``, and ``importlib.reload``. Private
+engines on throw-away modules, in process."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from verl_npu_autopatch.cli import doctor_exit_code
+from verl_npu_autopatch.config import Config
+from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.patching import describe, mark, marked_by, set_attribute
+from verl_npu_autopatch.spec import Patch, Target
+
+_counter = itertools.count()
+
+SOURCE = """
+class Experts:
+    def forward(self, x):
+        return x + 1
+
+
+class Block:
+    def __init__(self):
+        self.experts = Experts()
+
+    def forward(self, x):
+        return self.experts.forward(x) * 10
+
+
+def helper(x):
+    return x
+"""
+
+
+@pytest.fixture
+def module_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh importable module ``own_target_N`` (an experts class reached through a block)."""
+    name = f"own_target_{next(_counter)}"
+    (tmp_path / f"{name}.py").write_text(SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def other_owner(x):
+    """Stands in for another package's replacement (verl's, say)."""
+    return -1
+
+
+def other_block_forward(self, x):
+    """Another package's block forward that no longer calls ``self.experts``."""
+    return x * 10
+
+
+def recognise_other(site) -> str | None:
+    return f"other ({describe(site.value)})" if site.value in (other_owner, other_block_forward) else None
+
+
+def plus_hundred(site):
+    original = site.value
+    return set_attribute(site.owner, site.attribute, mark(lambda self, x: original(self, x) + 100, site.patch.name))
+
+
+def experts_patch(module: str, **kwargs) -> Patch:
+    return Patch(
+        "own.experts",
+        "adds a hundred to the experts",
+        (Target(module, "Experts.forward"),),
+        plus_hundred,
+        device="any",
+        **kwargs,
+    )
+
+
+def engine_for(*patches: Patch) -> Engine:
+    engine = Engine(list(patches), Config(device="npu"))
+    engine.activate("unit")
+    return engine
+
+
+def test_applied_then_replaced_by_an_unknown_owner_is_superseded(module_name: str) -> None:
+    engine = engine_for(experts_patch(module_name))
+    module = importlib.import_module(module_name)
+    assert engine.report()["own.experts"].state == "applied"
+    assert module.Block().forward(1) == 1020
+    module.Experts.forward = lambda self, x: x  # someone else, after us
+    record = engine.report()["own.experts"]
+    assert record.state == "superseded"
+    assert (
+        record.reason
+        == f"replaced by {__name__}.test_applied_then_replaced_by_an_unknown_owner_is_superseded.<locals>.<lambda>"
+    )
+    assert doctor_exit_code({"status": "active", "records": [record.to_dict()]}) == 1
+
+
+def test_replaced_by_a_recognised_owner_is_yielded_and_revert_leaves_it(
+    module_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = engine_for(experts_patch(module_name, yields_to=(recognise_other,)))
+    module = importlib.import_module(module_name)
+    module.Experts.forward = other_owner
+    record = engine.report()["own.experts"]
+    assert (record.state, record.reason) == ("yielded", f"target owned by other ({__name__}.other_owner)")
+    with caplog.at_level(logging.INFO, logger="verl_npu_autopatch"):
+        assert engine.revert() == []
+    assert module.Experts.__dict__["forward"] is other_owner  # the live owner is not clobbered
+    assert engine.report()["own.experts"].state == "yielded"
+    assert "own.experts: not reverted, the live target is not ours (yielded: target owned by other" in caplog.text
+
+
+def test_revert_of_a_superseded_patch_changes_nothing(module_name: str) -> None:
+    engine = engine_for(experts_patch(module_name))
+    module = importlib.import_module(module_name)
+    theirs = module.Experts.forward = lambda self, x: 0
+    assert engine.revert("own.experts") == []
+    assert module.Experts.__dict__["forward"] is theirs
+    assert engine.report()["own.experts"].state == "superseded"
+
+
+def test_our_value_back_in_place_is_applied_again(module_name: str) -> None:
+    engine = engine_for(experts_patch(module_name))
+    module = importlib.import_module(module_name)
+    ours = module.Experts.__dict__["forward"]
+    module.Experts.forward = lambda self, x: 0
+    assert engine.report()["own.experts"].state == "superseded"
+    module.Experts.forward = ours
+    assert (engine.report()["own.experts"].state, engine.report()["own.experts"].reason) == ("applied", "fix installed")
+    assert engine.revert() == ["own.experts"]
+    assert module.Block().forward(1) == 20
+
+
+def test_enclosing_callable_taken_after_us(module_name: str) -> None:
+    via = (Target(module_name, "Block.forward"),)
+    engine = engine_for(experts_patch(module_name, via=via, yields_to=(recognise_other,)))
+    module = importlib.import_module(module_name)
+    assert engine.report()["own.experts"].state == "applied"
+    module.Block.forward = other_block_forward  # no longer calls self.experts: ours never runs
+    record = engine.report()["own.experts"]
+    assert record.state == "yielded"
+    assert (
+        record.reason == f"target owned by other ({__name__}.other_block_forward) (only reached through Block.forward)"
+    )
+    assert marked_by(module.Experts.__dict__["forward"]) == "own.experts"  # installed, but not what runs
+
+
+def test_enclosing_callable_taken_by_an_unknown_owner(module_name: str) -> None:
+    engine = engine_for(experts_patch(module_name, via=(Target(module_name, "Block.forward"),)))
+    module = importlib.import_module(module_name)
+    module.Block.forward = other_block_forward
+    record = engine.report()["own.experts"]
+    assert record.state == "superseded"
+    assert record.reason == f"only reached through Block.forward, now {__name__}.other_block_forward"
+
+
+def test_enclosing_callable_owned_before_us_is_yielded_at_apply(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    module.Block.forward = other_block_forward  # the other owner came first
+    patch = experts_patch(module_name, via=(Target(module_name, "Block.forward"),), yields_to=(recognise_other,))
+    engine = engine_for(patch)  # the module is already imported: decided at activation
+    record = engine.report()["own.experts"]
+    assert (record.state, record.reason) == (
+        "yielded",
+        f"target owned by other ({__name__}.other_block_forward) (only reached through Block.forward)",
+    )
+    assert "forward" in vars(module.Experts) and marked_by(module.Experts.forward) is None
+
+
+def test_reload_applies_the_fix_again(module_name: str) -> None:
+    engine = engine_for(experts_patch(module_name))
+    module = importlib.import_module(module_name)
+    old_experts = module.Experts
+    assert importlib.reload(module) is module
+    assert module.Experts is not old_experts
+    assert module.Block().forward(1) == 1020  # fixed on the re-executed class
+    record = engine.report()["own.experts"]
+    assert (record.state, record.reason) == ("applied", "fix installed; again after importlib.reload")
+    assert module.__loader__ is module.__spec__.loader and type(module.__loader__).__name__ == "SourceFileLoader"
+    assert engine.revert() == ["own.experts"]
+    assert module.Block().forward(1) == 20
+
+
+def test_module_replaced_in_sys_modules_is_superseded(module_name: str) -> None:
+    engine = engine_for(experts_patch(module_name))
+    importlib.import_module(module_name)
+    sys.modules[module_name] = types.ModuleType(module_name)
+    record = engine.report()["own.experts"]
+    assert (record.state, record.reason) == ("superseded", "module reloaded")
+
+
+def test_reload_after_close_is_superseded(module_name: str) -> None:
+    engine = engine_for(experts_patch(module_name))
+    module = importlib.import_module(module_name)
+    engine.close()
+    importlib.reload(module)
+    assert module.Block().forward(1) == 20
+    record = engine.report()["own.experts"]
+    assert (record.state, record.reason) == ("superseded", "module reloaded")
+    assert engine.revert() == []
