@@ -56,6 +56,7 @@ step("settling the records")
 eng.settle(absent)
 data = verl_npu_autopatch.report().to_dict()
 data["import_errors"] = errors
+data["strict"] = verl_npu_autopatch.engine.read_config().strict
 sys.stdout.write("\\n@@verl-npu-autopatch-doctor@@" + json.dumps(data))
 """
 DOCTOR_MARK = "@@verl-npu-autopatch-doctor@@"
@@ -231,7 +232,8 @@ def doctor_exit_code(data: dict[str, Any]) -> int:
         return TIMED_OUT
     if data["status"] in ("crashed", "failed"):
         return CRASHED
-    return PATCH_FAILED if any(r["state"] == "failed" for r in data["records"]) else OK
+    bad = ("failed", "unsupported") if data.get("strict") else ("failed",)
+    return PATCH_FAILED if any(r["state"] in bad for r in data["records"]) else OK
 
 
 def print_doctor(data: dict[str, Any]) -> None:
