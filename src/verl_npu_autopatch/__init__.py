@@ -244,6 +244,7 @@ class Awakening:
             if type(exc).__name__ == "PatchError":  # strict mode: raise at the watched import
                 raise
             engine = None
+            stop_observing()  # e.g. an unimportable engine: do not hold other imports up
         self.loader.exec_module(module)
         if engine is not None:
             try:

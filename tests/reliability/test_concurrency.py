@@ -40,8 +40,10 @@ def work(i):
             from vllm.model import Layer  # a binding made while activation may be running
             calls.append(("forward", Layer().forward(1)))
         elif kind == 1:
-            import vllm.model
-            calls.append(("forward", vllm.model.Layer().forward(1)))
+            # "as": CPython sets the parent's attribute only after the submodule is marked
+            # initialized, so "vllm.model" can be missing on vllm for a moment in any program
+            import vllm.model as model
+            calls.append(("forward", model.Layer().forward(1)))
         elif kind == 2:
             from vllm import Engine
             calls.append(("run", Engine().run()))

@@ -389,3 +389,19 @@ def test_docs_table_lists_every_case() -> None:
     names = [n.removeprefix("test_") for n in dir(sys.modules[__name__]) if n.startswith("test_")]
     for name in names:
         assert f"{name}`" in text, name  # `test_name` or `name`
+
+
+def test_ray_doctor_timeout_has_its_own_exit_code(base_python: Path) -> None:
+    code = """
+import json
+from verl_npu_autopatch import cli, ray_doctor
+args = cli.build_parser().parse_args(["doctor", "--ray", "--timeout", "5"])
+node = {"NodeID": "ab" * 14, "Resources": {}}
+late = {**ray_doctor.summarize(node, None, "no answer within 5 s (--timeout)"), "timed_out": True}
+data = {"nodes": [late], "problems": ray_doctor.problems([late], [])}
+print(json.dumps([args.timeout, ray_doctor.exit_code(data), ray_doctor.render({**data, "address": "x",
+      "runtime_env": None, "disagreements": []})]))
+"""
+    timeout, exit_code, text = json.loads(child(base_python, code, {}).stdout.splitlines()[-1])
+    assert (timeout, exit_code) == (5.0, 3)
+    assert "no answer within 5 s (--timeout)" in text
