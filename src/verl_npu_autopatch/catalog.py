@@ -45,25 +45,57 @@ def _as_patches(obj: object) -> list[Patch]:
     raise TypeError(f"expected a Patch, an iterable of Patch or a callable returning them, got {obj!r}")
 
 
-def plugins() -> tuple[list[Patch], list[tuple[str, str]]]:
-    """Patches from the ``verl_npu_autopatch.patches`` entry points, and ``(name, error)`` for
-    each entry point that failed to load."""
+class Catalogue:
+    """What :func:`load` found: the patches, ``(entry point, error, exception)`` for each entry
+    point that failed to load, the entry points skipped by ``VERL_NPU_AUTOPATCH_DISABLE``, and
+    the names of all entry points in the group."""
+
+    __slots__ = ("entry_points", "errors", "patches", "skipped")
+
+    def __init__(
+        self,
+        patches: list[Patch],
+        errors: list[tuple[str, str, BaseException]] | None = None,
+        skipped: list[str] | None = None,
+        entry_points: list[str] | None = None,
+    ) -> None:
+        self.patches = patches
+        self.errors = errors or []
+        self.skipped = skipped or []
+        self.entry_points = entry_points or []
+
+    def names(self) -> set[str]:
+        """Every name ENABLE/DISABLE may use: patches, groups and entry points."""
+        return names_and_groups(self.patches) | set(self.entry_points) | {f"entry-point:{n}" for n in self.entry_points}
+
+
+def plugins(disable: Iterable[str] = ()) -> Catalogue:
+    """Patches from the ``verl_npu_autopatch.patches`` entry points. An entry point named in
+    ``disable`` (as ``NAME`` or ``entry-point:NAME``) is skipped: its module is never imported.
+    Any other installed distribution that declares one is imported here (see the trust model in
+    docs/writing-a-patch.md)."""
     from importlib.metadata import entry_points
 
-    patches: list[Patch] = []
-    errors: list[tuple[str, str]] = []
+    off = set(disable)
+    found = Catalogue([])
     for point in entry_points(group=ENTRY_POINT_GROUP):
+        label = f"entry-point:{point.name}"
+        found.entry_points.append(point.name)
+        if point.name in off or label in off:
+            found.skipped.append(label)
+            continue
         try:
-            patches += _as_patches(point.load())
+            found.patches += _as_patches(point.load())
         except Exception as exc:
-            errors.append((f"entry-point:{point.name}", f"loading {point.value} raised {type(exc).__name__}: {exc}"))
-    return patches, errors
+            found.errors.append((label, f"loading {point.value} raised {type(exc).__name__}: {exc}", exc))
+    return found
 
 
-def load() -> tuple[list[Patch], list[tuple[str, str]]]:
-    """Built-in then plugin patches, and plugin load errors."""
-    extra, errors = plugins()
-    return builtin() + extra, errors
+def load(disable: Iterable[str] = ()) -> Catalogue:
+    """Built-in then plugin patches (entry points named in ``disable`` are not imported)."""
+    found = plugins(disable)
+    found.patches = builtin() + found.patches
+    return found
 
 
 def names_and_groups(patches: Iterable[Patch]) -> set[str]:

@@ -29,14 +29,20 @@ SHOWN_DISTRIBUTIONS = (
 )
 
 #: Code the ``doctor`` child runs: activate, import every target that can be, print the report.
+#: Before each step it prints a progress mark, so a timeout can say what was still running.
 DOCTOR_CHILD = """
 import importlib, json, sys
+def step(what):
+    sys.stdout.write("\\n@@verl-npu-autopatch-step@@" + what + "\\n")
+    sys.stdout.flush()
+step("activation (loading the catalogue and the plugins)")
 import verl_npu_autopatch
 from verl_npu_autopatch.engine import engine
 verl_npu_autopatch.activate("doctor")
 eng = engine()
 absent, errors = set(), {}
 for module in eng.pending_modules():
+    step("import " + module)
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as exc:
@@ -46,12 +52,22 @@ for module in eng.pending_modules():
             errors[module] = f"{type(exc).__name__}: {exc}"
     except Exception as exc:
         errors[module] = f"{type(exc).__name__}: {exc}"
+step("settling the records")
 eng.settle(absent)
-data = eng.report().to_dict()
+data = verl_npu_autopatch.report().to_dict()
 data["import_errors"] = errors
+data["strict"] = verl_npu_autopatch.engine.read_config().strict
 sys.stdout.write("\\n@@verl-npu-autopatch-doctor@@" + json.dumps(data))
 """
 DOCTOR_MARK = "@@verl-npu-autopatch-doctor@@"
+STEP_MARK = "@@verl-npu-autopatch-step@@"
+
+#: Seconds the doctor child may run (a cold vLLM import takes about a minute on a slow disk).
+DOCTOR_TIMEOUT_S = 600.0
+
+#: ``doctor`` exit codes: all well / a patch failed / the child crashed or activation failed /
+#: the child did not finish within ``--timeout``.
+OK, PATCH_FAILED, CRASHED, TIMED_OUT = 0, 1, 2, 3
 
 
 def install_files() -> list[str]:
@@ -71,10 +87,15 @@ def status_data() -> dict[str, Any]:
     importing any target."""
     config = read_config()
     device, inert = gates.device_decision(config)
-    patches, load_errors = catalog.load()
-    warnings = [*config.warnings, *config.unknown_names(catalog.names_and_groups(patches))]
+    loaded = catalog.load(config.disable)
+    warnings = [*config.warnings, *config.unknown_names(loaded.names())]
+    errors = []
+    if not inert:
+        problem = probes.wrapt_problem()
+        if problem:
+            errors.append(problem)
     plans = []
-    for patch in patches:
+    for patch in loaded.patches:
         plan = gates.plan(patch, config)
         state = plan.state if not inert or plan.state != "pending" else "inactive"
         plans.append(
@@ -97,12 +118,14 @@ def status_data() -> dict[str, Any]:
         "site_disabled": bool(sys.flags.no_site),
         "configuration": config.to_dict(),
         "warnings": warnings,
+        "errors": errors,
         "device": device,
         "active": not inert,
         "inactive_reason": inert,
         "distributions": {name: probes.distribution_version(name) for name in SHOWN_DISTRIBUTIONS},
         "patches": plans,
-        "load_errors": [{"name": n, "error": e} for n, e in load_errors],
+        "load_errors": [{"name": n, "error": e} for n, e, _ in loaded.errors],
+        "skipped_entry_points": loaded.skipped,
     }
 
 
@@ -114,17 +137,21 @@ def print_status(data: dict[str, Any]) -> None:
     print(f"observer installed in this process: {'yes' if data['observer_installed'] else 'no'}")
     print(f"device: {data['device']}" + (f" -> inactive: {data['inactive_reason']}" if not data["active"] else ""))
     print("configuration: " + ", ".join(f"{k}={v}" for k, v in data["configuration"].items() if k != "warnings"))
+    for text in data["errors"]:
+        print(f"ERROR: {text}")
     for text in data["warnings"]:
         print(f"WARNING: {text}")
     print("installed: " + ", ".join(f"{k} {v}" for k, v in data["distributions"].items() if v))
     rows = [[p["name"], p["state"], p["reason"]] for p in data["patches"]]
     rows += [[e["name"], "failed", e["error"]] for e in data["load_errors"]]
+    off = "turned off by VERL_NPU_AUTOPATCH_DISABLE (not imported)"
+    rows += [[name, "disabled", off] for name in data["skipped_entry_points"]]
     print()
     print(table(rows, ["patch", "decision", "why"]) if rows else "no patches in the catalogue")
 
 
 def catalogue_data() -> list[dict[str, Any]]:
-    patches, _ = catalog.load()
+    patches = catalog.load(read_config().disable).patches
     return [
         {
             "name": p.name,
@@ -161,35 +188,65 @@ def catalogue_markdown(entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_doctor(device: str | None) -> dict[str, Any]:
-    """Run the doctor child: a fresh interpreter of this environment imports every target."""
+def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S) -> dict[str, Any]:
+    """Run the doctor child: a fresh interpreter of this environment imports every target. It
+    runs in its own session, so a timeout ends it and anything it started."""
+    import signal
+
     env = dict(os.environ)
     if device:
         env["VERL_NPU_AUTOPATCH_DEVICE"] = device
-    proc = subprocess.run([sys.executable, "-c", DOCTOR_CHILD], env=env, capture_output=True, text=True, check=False)
-    if DOCTOR_MARK not in proc.stdout:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DOCTOR_CHILD],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        stdout, stderr = proc.communicate()
+        steps = [line.split(STEP_MARK, 1)[1] for line in stdout.splitlines() if STEP_MARK in line]
+        running = steps[-1] if steps else "interpreter start-up"
         return {
-            "status": "crashed",
-            "reason": f"doctor child exited {proc.returncode}",
-            "stderr": proc.stderr,
+            "status": "timed-out",
+            "reason": f"the doctor child did not finish within {timeout:g} s; still running: {running}",
+            "running": running,
+            "stderr": stderr,
         }
-    data = json.loads(proc.stdout.rsplit(DOCTOR_MARK, 1)[1])
-    data["stderr"] = proc.stderr
+    if DOCTOR_MARK not in stdout:
+        return {"status": "crashed", "reason": f"doctor child exited {proc.returncode}", "stderr": stderr}
+    data = json.loads(stdout.rsplit(DOCTOR_MARK, 1)[1])
+    data["stderr"] = stderr
     return data
 
 
 def doctor_exit_code(data: dict[str, Any]) -> int:
+    if data["status"] == "timed-out":
+        return TIMED_OUT
     if data["status"] in ("crashed", "failed"):
-        return 2
-    return 1 if any(r["state"] in ("failed", "superseded") for r in data["records"]) else 0
+        return CRASHED
+    bad = ("failed", "superseded", "unsupported") if data.get("strict") else ("failed", "superseded")
+    return PATCH_FAILED if any(r["state"] in bad for r in data["records"]) else OK
 
 
 def print_doctor(data: dict[str, Any]) -> None:
+    if data["status"] == "timed-out":
+        print(f"doctor: TIMED OUT: {data['reason']}\n{data['stderr']}")
+        return
     if data["status"] == "crashed":
         print(f"doctor: the child interpreter crashed ({data['reason']})\n{data['stderr']}")
         return
     print(f"engine: {data['status']} ({data['reason']}); device: {data['device']}; pid {data['pid']}")
-    if data["status"] == "inactive" and not data["records"]:
+    if data["status"] == "inactive" and data["reason"].startswith("switched off"):
+        print("patching is switched off in this environment: unset VERL_NPU_AUTOPATCH (or set it to 1) to turn it on")
+    elif data["status"] == "inactive" and not data["records"]:
         print("nothing is patched on this host; `verl-npu-autopatch doctor --device npu` is a dry run of an NPU host")
     for text in data["warnings"]:
         print(f"WARNING: {text}")
@@ -207,6 +264,8 @@ def print_doctor(data: dict[str, Any]) -> None:
     failed = [r["name"] for r in data["records"] if r["state"] == "failed"]
     if failed:
         print(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{data['stderr']}")
+    elif data["status"] == "failed":
+        print(f"\n{data['stderr']}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--device", choices=["npu", "auto", "none"], help="npu: dry run on a non-NPU host")
     doctor.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="probe every node of a Ray cluster")
     doctor.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the node probes run in")
+    doctor.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"how long the child may run (default {DOCTOR_TIMEOUT_S:g}; with --ray, the node probes: 900); "
+        f"exit code {TIMED_OUT} when it runs out",
+    )
     return parser
 
 
@@ -256,6 +322,6 @@ def _main(argv: list[str] | None) -> int:
         from verl_npu_autopatch import ray_doctor
 
         return ray_doctor.main(args)
-    data = run_doctor(args.device)
+    data = run_doctor(args.device, args.timeout or DOCTOR_TIMEOUT_S)
     print(json.dumps(data, indent=2)) if args.json else print_doctor(data)
     return doctor_exit_code(data)

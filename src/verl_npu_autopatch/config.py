@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from verl_npu_autopatch import _FALSY
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # without importing typing or collections at run time
     from collections.abc import Mapping
@@ -16,16 +18,17 @@ if TYPE_CHECKING:  # without importing typing or collections at run time
 PREFIX = "VERL_NPU_AUTOPATCH"
 LEGACY_GLM52 = "VERL_VLLM_ASCEND_GLM52_PATCH"
 
-TRUE = frozenset({"1", "true", "yes", "on"})
-FALSE = frozenset({"0", "false", "no", "off"})
+TRUE = frozenset({"1", "true", "yes", "on", "y", "t", "enable", "enabled"})
+#: The same words the start-up hook reads as "switched off".
+FALSE = _FALSY
 DEVICES = ("auto", "npu", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: Every variable the engine reads, with its accepted values (for docs and ``status``).
 VARIABLES = {
-    PREFIX: "1 (default) / 0; also true/false, yes/no, on/off",
+    PREFIX: "1 (default) / 0; also true/false, yes/no, on/off, enable(d)/disable(d), none",
     f"{PREFIX}_ENABLE": "comma-separated patch names or groups to turn on (opt-in patches)",
-    f"{PREFIX}_DISABLE": "comma-separated patch names or groups to turn off; wins over ENABLE",
+    f"{PREFIX}_DISABLE": "comma-separated patch names, groups or plugin entry points to turn off; wins over ENABLE",
     f"{PREFIX}_DEVICE": "auto (default) / npu / none",
     f"{PREFIX}_STRICT": "0 (default) / 1",
     f"{PREFIX}_LOG": "a logging level name: " + ", ".join(LOG_LEVELS),
@@ -69,14 +72,17 @@ class Config:
         }
 
     def unknown_names(self, known: set[str]) -> list[str]:
-        """Warnings for ENABLE/DISABLE entries that name no patch or group in ``known``."""
+        """One short warning per ENABLE/DISABLE entry that names no patch, group or entry point
+        in ``known``, with the closest known names."""
+        import difflib
+
         found = []
         for variable, names in ((f"{PREFIX}_ENABLE", self.enable), (f"{PREFIX}_DISABLE", self.disable)):
-            unknown = sorted(names - known)
-            if unknown:
+            for name in sorted(names - known):
+                close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+                hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
                 found.append(
-                    f"{variable}: unknown patch or group {', '.join(unknown)}; "
-                    f"accepted values: {', '.join(sorted(known))}"
+                    f"{variable}: unknown patch or group {name!r}; {hint}`verl-npu-autopatch list` shows the names"
                 )
         return found
 
@@ -90,7 +96,8 @@ def _flag(environ: Mapping[str, str], name: str, default: bool, warnings: list[s
         return True
     if value in FALSE:
         return False
-    warnings.append(f"{name}={raw!r} is not understood; accepted values: {VARIABLES[name]}. Using default.")
+    fallback = "on" if default else "off"
+    warnings.append(f"{name}={raw!r} is not understood; accepted values: {VARIABLES[name]}. Using {fallback}.")
     return default
 
 

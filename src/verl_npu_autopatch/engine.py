@@ -28,16 +28,15 @@ if TYPE_CHECKING:
 
 LOGGER_NAME = "verl_npu_autopatch"
 
-#: Logging level of each record state (others: DEBUG).
-_LOG_LEVELS = {
-    "failed": 40,
-    "superseded": 30,
-    "unsupported": 30,
-    "applied": 20,
-    "fixed-upstream": 20,
-    "yielded": 20,
-    "reverted": 20,
-}
+#: Logging level of each record state (others: INFO, so ``VERL_NPU_AUTOPATCH_LOG=INFO`` shows
+#: every decision with its reason).
+_LOG_LEVELS = {"failed": 40, "superseded": 30, "unsupported": 30}
+
+
+#: The longest an import in another thread waits for an activation under way: far beyond any
+#: real activation (even on an overloaded host), it only turns a wait the import system cannot
+#: see into a stall instead of a hang.
+_WAIT_LIMIT_S = 300.0
 
 
 class PatchError(RuntimeError):
@@ -72,50 +71,108 @@ class Engine:
         self._absent: set[str] = set()
         self._deferred: set[str] = set()
         self._closed = False
+        self._activator = 0
+        self._checked_names = False
 
     # ----------------------------------------------------------------- activation
     def activate(self, trigger: str = "api") -> None:
         """Decide whether to act in this process and, if so, register every patch's hooks.
 
         Runs once; a concurrent call waits until the first is done, later calls return at once.
-        Never raises (strict mode aside). Never called with the interpreter's import lock held
-        (the start-up observer activates from its loader, not from ``find_spec``), so imports made
-        here cannot deadlock with another thread's import.
+        While it runs, the process-wide engine has the start-up observer guard imports (see
+        ``verl_npu_autopatch.guard``), so a target imported meanwhile by another thread waits and
+        is patched before its import completes. Never raises, except ``PatchError`` in strict
+        mode. Never called with the interpreter's import lock held (the start-up observer
+        activates from its loader, not from ``find_spec``).
         """
-        with self._activation_lock:
+        if not self._enter():
+            return
+        try:
             if self.status != "not-activated":
                 return
             self.status = "activating"
             self.trigger = trigger
+            self._activator = _thread.get_ident()
             config = self._config = self._config or read_config()
             self.warnings = list(config.warnings)
+            self._configure_logging(config)
             self.device, inert = gates.device_decision(config)
             if inert:
                 self.status, self.reason = "inactive", inert
                 self._flush_warnings()
+                if config.log_level:
+                    self._logger().info("engine inactive: %s", inert)
+                if self is _ENGINE:
+                    verl_npu_autopatch.stop_observing()
                 return
+            if self is _ENGINE:
+                verl_npu_autopatch.guard(self._activator)
             try:
                 self._activate(config)
             except PatchError:
-                raise  # strict mode: a patch on a target imported before activation failed
-            except Exception as exc:  # a bug here must not break the user's import
-                self.status, self.reason = "failed", f"activation failed: {exc!r}"
-                self._logger().exception("verl-npu-autopatch activation failed")
+                raise  # strict mode
+            except Exception as exc:  # a bug or a broken install must not break the user's import
+                self.status, self.reason = "failed", f"activation failed: {type(exc).__name__}: {exc}"
+                self._logger().error("verl-npu-autopatch %s", self.reason, exc_info=exc)
                 if config.strict:
-                    raise
+                    raise PatchError(f"verl-npu-autopatch {self.reason} (strict mode)") from exc
+            finally:
+                if self is _ENGINE:
+                    verl_npu_autopatch.stop_observing()
+        finally:
+            self._activation_lock.release()
+
+    def _enter(self) -> bool:
+        """Take the activation lock, waiting for an activation under way in another thread.
+        Gives up (``False``) if that thread waits for a module this thread is importing, which
+        would otherwise deadlock, or after ``_WAIT_LIMIT_S`` (a wait the import system cannot
+        see, e.g. a plugin joining a thread that imports): a stall, never a hang."""
+        lock = self._activation_lock
+        for _ in range(int(_WAIT_LIMIT_S / 0.05)):
+            if lock.acquire(timeout=0.05):
+                return True
+            if _blocked_on_us(self._activator):
+                return False
+        self._logger().warning("waited %g s for the activation in another thread; going on unguarded", _WAIT_LIMIT_S)
+        return False
+
+    def _configure_logging(self, config: Config) -> None:
+        """``VERL_NPU_AUTOPATCH_LOG``: set our logger's level and, when neither it nor the root
+        logger has a handler, log to stderr with a ``verl-npu-autopatch:`` prefix."""
+        if not config.log_level:
+            return
+        import logging
+
+        logger = self._logger()
+        logger.setLevel(config.log_level)
+        if not logger.handlers and not logging.getLogger().handlers:
+            logger.addHandler(_stderr_handler())
 
     def _activate(self, config: Config) -> None:
         logger = self._logger()
-        if config.log_level:
-            logger.setLevel(config.log_level)
+        import wrapt  # missing or broken: activation fails here, before anything is recorded
+
         from verl_npu_autopatch import catalog
         from verl_npu_autopatch.records import Record
 
-        patches, load_errors = (list(self._catalogue), []) if self._catalogue is not None else catalog.load()
-        self.warnings += config.unknown_names(catalog.names_and_groups(patches))
+        problem = probes.wrapt_problem()
+        if problem:  # an old wrapt registers hooks that may never fire
+            raise RuntimeError(problem)
+        logger.debug("wrapt %s from %s", probes.distribution_version("wrapt"), getattr(wrapt, "__file__", "?"))
+
+        if self._catalogue is not None:
+            loaded = catalog.Catalogue(list(self._catalogue))
+        else:
+            loaded = catalog.load(config.disable)
+        patches = loaded.patches
+        self.warnings += config.unknown_names(loaded.names())
+        self._checked_names = True
         self._flush_warnings()
-        for name, error in load_errors:
-            self._record_load_error(name, error)
+        for name, error, exc in loaded.errors:
+            self._record_load_error(name, error, exc)
+        for name in loaded.skipped:
+            self._record_skipped(name)
+        logger.debug("catalogue: %d patches, entry points %s", len(patches), ", ".join(loaded.entry_points) or "none")
         unique: dict[str, Patch] = {}
         for patch in patches:
             if patch.name in unique:
@@ -123,6 +180,9 @@ class Engine:
                 logger.warning("%s", self.warnings[-1])
             else:
                 unique[patch.name] = patch
+        if self is _ENGINE:  # from now on guard only the target packages
+            tops = {t.module.partition(".")[0] for p in unique.values() for t in p.targets}
+            verl_npu_autopatch.guard(self._activator, tops)
         plans = {name: gates.plan(patch, config) for name, patch in unique.items()}
         with self._lock:
             self.status, self.reason = "active", f"activated by {self.trigger}"
@@ -133,9 +193,13 @@ class Engine:
                 self.records[name].versions = plan.versions
                 if plan.variants:
                     self._variants[name] = plan.variants
+        logger.info("engine active (%s); device %s", self.reason, self.device)
         for name, plan in plans.items():
             self._set(self.records[name], plan.state, plan.reason)
         self._register_hooks()
+        if config.strict and loaded.errors:
+            name, error, exc = loaded.errors[0]
+            raise PatchError(f"{name}: {error}") from exc
 
     def _register_hooks(self) -> None:
         """One wrapt post-import hook per target module. A module already imported is handled at
@@ -153,6 +217,7 @@ class Engine:
                 with self._lock:
                     self._deferred.add(module)
                 continue
+            self._logger().debug("post-import hook on %s", module)
             try:
                 wrapt.register_post_import_hook(self._on_import, module)
             except PatchError as error:
@@ -273,8 +338,7 @@ class Engine:
         except Exception as exc:
             where = target or (module.__name__ if module else patch.name)
             reason = f"{stage} raised {type(exc).__name__}: {exc}"
-            self._logger().error("patch %s on %s failed: %s", patch.name, where, reason, exc_info=True)
-            self._set(record, "failed", reason)
+            self._set(record, "failed", reason, exc)
             if config.strict:
                 error = PatchError(f"patch {patch.name} on {where}: {reason}")
                 error.__cause__ = exc
@@ -395,16 +459,39 @@ class Engine:
                 self._set(record, "applied", where.reason)
 
     # ----------------------------------------------------------------- records
-    def _set(self, record: Record, state: str, reason: str) -> None:
+    def _set(self, record: Record, state: str, reason: str, exc: BaseException | None = None) -> None:
+        """Record a decision and log it once (``exc``: its traceback goes with the line)."""
         with self._lock:
             record.state, record.reason = state, reason
-        self._logger().log(_LOG_LEVELS.get(state, 10), "%s: %s (%s)", record.name, state, reason)
+        self._logger().log(_LOG_LEVELS.get(state, 20), "%s: %s (%s)", record.name, state, reason, exc_info=exc)
 
-    def _record_load_error(self, name: str, error: str) -> None:
+    def _record_load_error(self, name: str, error: str, exc: BaseException | None = None) -> None:
         from verl_npu_autopatch.records import Record
 
         record = self.records[name] = Record(name, (), "entry point", versions={})
-        self._set(record, "failed", error)
+        self._set(record, "failed", error, exc)
+
+    def _record_skipped(self, name: str) -> None:
+        from verl_npu_autopatch.records import Record
+
+        record = self.records[name] = Record(name, (), "entry point", versions={})
+        self._set(record, "disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE; its module was not imported")
+
+    def check_names(self) -> None:
+        """On a host where the engine stayed inactive, warn about ENABLE/DISABLE names that match
+        nothing (this loads the catalogue, so it runs only for ``report()`` and ``doctor``)."""
+        config = self._config
+        if self._checked_names or config is None or not (config.enable or config.disable):
+            return
+        self._checked_names = True
+        try:
+            from verl_npu_autopatch import catalog
+
+            found = config.unknown_names(catalog.load(config.disable).names())
+        except Exception:
+            return
+        with self._lock:
+            self.warnings += found
 
     def _flush_warnings(self) -> None:
         if self.warnings:
@@ -526,6 +613,42 @@ class Engine:
         return undo is not None
 
 
+def _stderr_handler() -> object:
+    """A stderr handler with a ``verl-npu-autopatch:`` prefix that steps aside once the
+    application configures the root logger (whose handlers then show our records)."""
+    import logging
+
+    class StderrHandler(logging.StreamHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if not logging.getLogger().handlers:
+                super().emit(record)
+
+    handler = StderrHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("verl-npu-autopatch: %(levelname)s: %(message)s"))
+    return handler
+
+
+def _blocked_on_us(activator: int) -> bool:
+    """Whether thread ``activator`` waits, through a chain of module locks, for one this thread
+    holds (read from the import system's own deadlock bookkeeping, ``_blocking_on``; ``False``
+    where it is not there)."""
+    try:
+        blocking = getattr(sys.modules.get("_frozen_importlib"), "_blocking_on", None)
+        me, seen, thread = _thread.get_ident(), set(), activator
+        while blocking and thread not in seen:
+            seen.add(thread)
+            locks = blocking.get(thread)
+            if locks is None:
+                return False
+            owners = [getattr(lock, "owner", None) for lock in (locks if isinstance(locks, list) else [locks])]
+            if me in owners:
+                return True
+            thread = next((owner for owner in owners if owner is not None), None)
+        return False
+    except Exception:
+        return False
+
+
 def _initializing(module: ModuleType | None) -> bool:
     """Whether ``module`` is in ``sys.modules`` but still executing."""
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
@@ -567,18 +690,26 @@ def engine() -> Engine:
 
 
 def activate(trigger: str = "api") -> None:
-    """Activate the process-wide engine (idempotent). Use it where ``.pth`` files are not
-    processed: ``python -S``, embedded interpreters, code on ``PYTHONPATH`` only."""
-    observer = verl_npu_autopatch.installed_observer()
-    if observer is not None:
-        observer.remove()  # activation is done (or decided against): nothing left to observe
+    """Activate the process-wide engine (idempotent; the engine removes the start-up observer
+    when done). Use it where ``.pth`` files are not processed: ``python -S``, embedded
+    interpreters, code on ``PYTHONPATH`` only."""
     _ENGINE.activate(trigger)
 
 
 def report() -> Report:
-    """What the process-wide engine decided so far, patch by patch."""
-    if _ENGINE.status == "not-activated" and verl_npu_autopatch.woken_inert:
-        _ENGINE.activate(verl_npu_autopatch.woken_inert)  # the start-up hook found it inert; say why
+    """What the process-wide engine decided so far, patch by patch, with the configuration
+    warnings (also on hosts where it stays inactive)."""
+    if _ENGINE.status == "not-activated":
+        if verl_npu_autopatch.woken_inert:
+            _ENGINE.activate(verl_npu_autopatch.woken_inert)  # the start-up hook found it inert; say why
+        elif verl_npu_autopatch.switched_off():
+            _ENGINE.activate("report()")  # say that it is switched off
+    if _ENGINE.status == "not-activated":
+        found = _ENGINE.report()
+        found.warnings = list(read_config().warnings)
+        return found
+    if _ENGINE.status == "inactive":
+        _ENGINE.check_names()
     return _ENGINE.report()
 
 

@@ -23,6 +23,29 @@ def npu_stack_installed() -> bool:
     return findable("torch_npu")
 
 
+#: The oldest wrapt the package works with (``pyproject.toml``).
+WRAPT_MINIMUM = "1.16"
+
+
+def wrapt_problem() -> str:
+    """Why the engine could not register its import hooks here ("" when wrapt is fine): wrapt
+    missing, too old, or failing to import."""
+    version = distribution_version("wrapt")
+    if version is None and not findable("wrapt"):
+        return "wrapt is not installed: the engine cannot activate (pip install 'wrapt>=1.16')"
+    try:
+        import wrapt
+
+        wrapt.register_post_import_hook  # noqa: B018  (the one API the engine needs)
+    except Exception as exc:
+        return f"importing wrapt fails ({type(exc).__name__}: {exc}): the engine cannot activate"
+    from packaging.version import Version
+
+    if version is not None and Version(version) < Version(WRAPT_MINIMUM):
+        return f"wrapt {version} is older than {WRAPT_MINIMUM}: reinstall with pip install 'wrapt>={WRAPT_MINIMUM}'"
+    return ""
+
+
 def npu_device_visible() -> bool:
     """An NPU is visible to this process (imports torch/torch_npu; call only when needed)."""
     try:

@@ -24,8 +24,9 @@ TIMEOUT_S = 900.0
 #: Per-node facts compared across nodes; any difference is a disagreement.
 COMPARED = ("installed", "version", "hook", "device", "configuration", "distributions")
 
-#: Exit codes: every node has the package and all agree / a problem was found / Ray unusable.
-OK, PROBLEMS, UNUSABLE = 0, 1, 2
+#: Exit codes: every node has the package and all agree / a problem was found / Ray unusable /
+#: a node's probe did not answer within the timeout (the same code as ``doctor``'s timeout).
+OK, PROBLEMS, UNUSABLE, TIMED_OUT = 0, 1, 2, 3
 
 
 def _make_probe() -> Callable[[], dict[str, Any]]:
@@ -192,7 +193,7 @@ def _probe_nodes(ray: Any, runtime_env: dict[str, Any] | None, timeout: float) -
     for node, ref in zip(nodes, refs, strict=True):
         if ref not in ready:
             ray.cancel(ref, force=True)
-            entries.append(summarize(node, None, f"no answer within {timeout:.0f} s"))
+            entries.append({**summarize(node, None, f"no answer within {timeout:g} s (--timeout)"), "timed_out": True})
             continue
         try:
             entries.append(summarize(node, ray.get(ref)))
@@ -226,6 +227,8 @@ def probe_cluster(address: str, runtime_env: dict[str, Any] | None, timeout: flo
 def exit_code(data: dict[str, Any]) -> int:
     if data.get("error") or not data.get("nodes"):
         return UNUSABLE
+    if any(e.get("timed_out") for e in data["nodes"]):
+        return TIMED_OUT
     return PROBLEMS if data["problems"] else OK
 
 
@@ -306,6 +309,6 @@ def main(args: Any) -> int:
     if args.device:
         runtime_env = dict(runtime_env or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), "VERL_NPU_AUTOPATCH_DEVICE": args.device}
-    data = probe_cluster(args.ray, runtime_env)
+    data = probe_cluster(args.ray, runtime_env, getattr(args, "timeout", None) or TIMEOUT_S)
     print(json.dumps(data, indent=2) if args.json else render(data))
     return exit_code(data)

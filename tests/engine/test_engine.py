@@ -195,8 +195,9 @@ def test_bad_values_get_one_warning_naming_variable_and_accepted_values(base_pyt
     lines = proc.stderr.strip().splitlines()
     strict = [line for line in lines if "VERL_NPU_AUTOPATCH_STRICT='maybe'" in line]
     assert len(strict) == 1 and "accepted values: 0 (default) / 1" in strict[0]
-    enable = [line for line in lines if "VERL_NPU_AUTOPATCH_ENABLE: unknown patch or group nosuchpatch" in line]
-    assert len(enable) == 1 and "fixture.optin" in enable[0] and "glm52" in enable[0]
+    enable = [line for line in lines if "VERL_NPU_AUTOPATCH_ENABLE: unknown patch or group 'nosuchpatch'" in line]
+    assert len(enable) == 1 and "`verl-npu-autopatch list` shows the names" in enable[0]
+    assert len(enable[0]) < 200  # short: no list of every known name
     assert len([line for line in lines if "VERL_NPU_AUTOPATCH_LOG='LOUD'" in line and "DEBUG" in line]) == 1
     bad_device = run(base_python, "import vllm", env={"VERL_NPU_AUTOPATCH_DEVICE": "gpu"}).stderr
     assert bad_device.count("VERL_NPU_AUTOPATCH_DEVICE='gpu' is not understood; accepted values: auto") == 1
@@ -259,7 +260,8 @@ print(json.dumps([r.state, r.reason]))
 
 def test_nothing_is_touched_when_switched_off(base_python: Path) -> None:
     seen = states(base_python, VERL_NPU_AUTOPATCH="0")
-    assert seen["status"] == "not-activated" and seen["forward"] == 2 and seen["states"] == {}
+    assert seen["status"] == "inactive" and seen["forward"] == 2 and seen["states"] == {}
+    assert states(base_python, VERL_NPU_AUTOPATCH="disabled")["status"] == "inactive"
 
 
 def test_vllm_general_plugins_entry_point_activates(base_python: Path) -> None:
