@@ -87,3 +87,54 @@ def apply_liger_kernel_to_x(rope=True, swiglu=False, model=None):
         "rope": ["apply_rotary_pos_emb"],
         "swiglu": ["XExperts [IS_V5]", "XMLP [not IS_V5]"],
     }
+
+
+def _fake_vllm_release(script, cache, version: str) -> None:
+    """A fake "newest" vLLM sdist in ``cache``: the real newest column's files, except that
+    ``RoutedExperts.weight_loader`` is renamed (the MoE patch's target disappears)."""
+    import hashlib
+    import io
+    import os
+    import tarfile
+
+    base = script.VLLM.columns[-1]
+    files = cache / "files"
+    files.mkdir(parents=True)
+    for suffix in ("", ".sha256"):  # the real newest release, for the comparison
+        os.link(script.CACHE / "files" / (base.filename + suffix), files / (base.filename + suffix))
+    root = script.extract(base, script.VLLM_FILES)
+    fake = files / f"vllm-{version}.tar.gz"
+    with tarfile.open(fake, "w:gz") as tar:
+        for name in script.VLLM_FILES:
+            data = (root / name).read_bytes()
+            if name.endswith("fused_moe/routed_experts.py"):
+                assert b"def weight_loader(" in data
+                data = data.replace(b"def weight_loader(", b"def load_expert_weight(")
+            info = tarfile.TarInfo(f"vllm-{version}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    fake.with_name(fake.name + ".sha256").write_text(hashlib.sha256(fake.read_bytes()).hexdigest() + "\n")
+
+
+def test_latest_against_a_fake_newest_release_names_the_changed_cell(releases, tmp_path, monkeypatch, capsys):
+    script = upstream.matrix_script()
+    script.VLLM.compute()  # the real newest column is downloaded (cached)
+    _fake_vllm_release(script, tmp_path, "9.9.9")
+    monkeypatch.setattr(script, "newest_version", lambda project: "9.9.9")
+    monkeypatch.setattr(
+        script,
+        "index_artifact",
+        lambda project, version, prefer: script.Artifact(project, version, f"vllm-{version}.tar.gz"),
+    )
+    assert script.latest([script.VLLM], tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "vllm: newest 9.9.9, table's newest 0.33.0: 1 changed cell(s)" in out
+    assert "vLLM 0.33.0 -> 9.9.9: `vllm.moe_weight_loader`: applies -> unsupported" in out
+    assert "rotary" not in out and "engine_partial_wake_up" not in out  # unchanged cells stay quiet
+
+
+def test_latest_is_quiet_when_the_newest_release_is_the_table_column(monkeypatch, capsys):
+    script = upstream.matrix_script()
+    monkeypatch.setattr(script, "newest_version", lambda project: script.VLLM.columns[-1].version)
+    assert script.latest([script.VLLM]) == 0
+    assert "no change" in capsys.readouterr().out
