@@ -20,7 +20,7 @@ import sys
 from functools import partial
 from typing import Any
 
-from verl_npu_autopatch.patching import describe, mark, normalized_source, parameter_names, set_attribute
+from verl_npu_autopatch.patching import describe, mark, marked_by, normalized_source, parameter_names, set_attribute
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
 REFERENCE = "https://github.com/verl-project/verl/blob/main/verl/models/transformers/npu_patch.py"
@@ -117,6 +117,19 @@ def liger_owner(site: Site) -> str | None:
     for obj in candidates:
         if _module_of(obj).split(".")[0] == "liger_kernel":
             return f"liger-kernel ({describe(site.value)})"
+    return None
+
+
+def shared_owner(site: Site) -> str | None:
+    """The name of another of our patches already installed on the live target, or ``None``.
+    Some releases share one class between families (transformers 4.57 ``modeling_qwen2_5_vl``
+    imports ``Qwen2RMSNorm``): the family that patched it first owns it, and the undo order stays
+    right."""
+    owner = marked_by(site.value)
+    if owner and owner != site.patch.name and owner.startswith(f"{GROUP}."):
+        cls = site.owner if isinstance(site.owner, type) else None
+        where = f" (shared class {cls.__module__}.{cls.__qualname__})" if cls else ""
+        return f"{owner}{where}"
     return None
 
 
@@ -343,7 +356,7 @@ def family_patches(family: str, module: str | None = None) -> list[Patch]:
             default=True,
             check=partial(check, kind),
             fix=partial(fix, kind),
-            yields_to=(liger_owner,),
+            yields_to=(liger_owner, shared_owner),
         )
         for kind, variants in MODELS[family]
     ]
