@@ -396,14 +396,12 @@ class Engine:
 
 
 def _installed_reason(variants: tuple[Target, ...], target: Target, rejected: dict[Target, str]) -> str:
-    """``fix installed``, naming the variant when the patch has several (and why earlier ones
-    were passed over)."""
-    if len(variants) == 1:
+    """``fix installed``; after a passed-over variant, also which variant and why the others were
+    passed over (the record's ``target`` always names the variant applied)."""
+    if not rejected:
         return "fix installed"
-    reason = f"fix installed on variant {variants.index(target) + 1} of {len(variants)} ({target.qualname})"
-    if rejected:
-        reason += "; passed over: " + " | ".join(rejected.values())
-    return reason
+    position = f"variant {variants.index(target) + 1} of {len(variants)}"
+    return f"fix installed on {position} ({target}); passed over: " + " | ".join(rejected.values())
 
 
 def _initializing(module: ModuleType | None) -> bool:
