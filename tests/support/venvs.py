@@ -36,7 +36,7 @@ SPECS: dict[str, dict[str, list]] = {
     },
     "hf": {
         "steps": [
-            ["torch==2.13.0", "transformers==5.24.0", "triton==3.9.0", "pytest", "wrapt", "packaging"],
+            ["torch==2.13.0", "transformers==5.24.0", "triton==3.9.0", "pytest", "parameterized", "wrapt", "packaging"],
             ["--no-deps", "liger-kernel==0.8.5"],
         ],
         "remove": [],
