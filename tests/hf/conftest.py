@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +27,8 @@ from verl_npu_autopatch.patches import liger, transformers_npu  # noqa: E402
 ALL_PATCHES = [*transformers_npu.PATCHES, *liger.PATCHES]
 
 #: Families whose modeling module exists in the installed transformers.
-PRESENT = [f for f in transformers_npu.MODELS if importlib.util.find_spec(transformers_npu.module_name(f))]
+MODELS_DIR = Path(importlib.util.find_spec("transformers.models").origin).parent
+PRESENT = [f for f in transformers_npu.MODELS if (MODELS_DIR / f / f"modeling_{f}.py").exists()]
 
 DIMS = dict(
     vocab_size=96,
@@ -50,12 +52,24 @@ LINEAR = dict(
 )
 
 
+def _rope_arguments(config_cls: type, extra: dict[str, Any]) -> dict[str, Any]:
+    """``rope_parameters`` as the live config class takes it: transformers 5.x has one dict;
+    4.x has ``rope_theta``, ``partial_rotary_factor`` and a ``rope_scaling`` dict."""
+    if "rope_parameters" not in extra or "rope_parameters" in inspect.signature(config_cls).parameters:
+        return extra
+    extra = dict(extra)
+    scaling = dict(extra.pop("rope_parameters"))
+    extra["rope_theta"] = scaling.pop("rope_theta")
+    if "partial_rotary_factor" in scaling:
+        extra["partial_rotary_factor"] = scaling.pop("partial_rotary_factor")
+    return {**extra, "rope_scaling": scaling}
+
+
 def _causal(config_cls: str, model_cls: str, module: str, **extra: Any) -> Callable[[], Any]:
     def build() -> Any:
         mod = importlib.import_module(module)
-        config = getattr(importlib.import_module(module.replace("modeling_", "configuration_")), config_cls)(
-            **{**DIMS, **extra}
-        )
+        cls = getattr(importlib.import_module(module.replace("modeling_", "configuration_")), config_cls)
+        config = cls(**{**DIMS, **_rope_arguments(cls, extra)})
         config._attn_implementation = "eager"
         return getattr(mod, model_cls)(config)
 
@@ -65,6 +79,7 @@ def _causal(config_cls: str, model_cls: str, module: str, **extra: Any) -> Calla
 def builders() -> dict[str, Callable[[], Any]]:
     m = transformers_npu.module_name
     rope_partial = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+    mrope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
     return {
         "qwen2": _causal("Qwen2Config", "Qwen2ForCausalLM", m("qwen2")),
         "qwen3": _causal("Qwen3Config", "Qwen3ForCausalLM", m("qwen3")),
@@ -73,10 +88,12 @@ def builders() -> dict[str, Callable[[], Any]]:
             "Qwen2_5_VLTextConfig",
             "Qwen2_5_VLTextModel",
             m("qwen2_5_vl"),
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+            rope_parameters=mrope,
         ),
-        "qwen3_vl": _causal("Qwen3VLTextConfig", "Qwen3VLTextModel", m("qwen3_vl")),
-        "qwen3_vl_moe": _causal("Qwen3VLMoeTextConfig", "Qwen3VLMoeTextModel", m("qwen3_vl_moe"), **MOE),
+        "qwen3_vl": _causal("Qwen3VLTextConfig", "Qwen3VLTextModel", m("qwen3_vl"), rope_parameters=mrope),
+        "qwen3_vl_moe": _causal(
+            "Qwen3VLMoeTextConfig", "Qwen3VLMoeTextModel", m("qwen3_vl_moe"), rope_parameters=mrope, **MOE
+        ),
         "qwen3_next": _causal(
             "Qwen3NextConfig",
             "Qwen3NextForCausalLM",
