@@ -226,7 +226,7 @@ def indexer_rule(post_process: Code, impl: Code | None) -> Verdict:
         return wrong
     if impl is None or impl.source is None:
         return unsupported("AscendSFAImpl.indexer_select_post_process in sfa_v1", "none")
-    if impl.has(SCALED[0]) or impl.has(SCALED[1]):
+    if impl.has(*SCALED):
         return fixed_upstream("AscendSFAImpl.indexer_select_post_process already scales the indexer weights")
     if not impl.has("weights=kw[:,self.head_dim:]", "DeviceOperator.indexer_select_post_process("):
         return unsupported(
