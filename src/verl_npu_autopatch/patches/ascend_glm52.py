@@ -254,7 +254,11 @@ def indexer_backend_rule(post_process: Code, forward: Code | None, forward_k: Co
             "DeviceOperator.indexer_select_post_process(q_li, q_li_scale, q_li_shape_ori, weights, ...)",
             "a different body",
         )
-    return APPLY
+    return Verdict(
+        "apply",
+        "the standard AscendSFAIndexerBackend (attention/indexer.py) passes kw[:, head_dim:] unscaled to "
+        "DeviceOperator.indexer_select_post_process; the GLM-Next KPool backend scales its own and is untouched",
+    )
 
 
 def _live_code(cls: Any, name: str) -> Code | None:
