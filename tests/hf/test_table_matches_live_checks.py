@@ -43,7 +43,11 @@ def test_transformers_column_matches_the_live_checks(script):
     version = importlib.metadata.version("transformers")
     if version not in script.TRANSFORMERS_VERSIONS:
         pytest.skip(f"transformers {version} is not a column of the table")
-    table = {name: cells[version][0] for name, _, cells in script.TRANSFORMERS.compute()}
+    try:
+        rows = script.TRANSFORMERS.compute()
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download the transformers releases of the table from PyPI: {exc}")
+    table = {name: cells[version][0] for name, _, cells in rows}
     live = {patch.name: live_state(patch) for patch in transformers_npu.PATCHES}
     assert live == table
     assert "applies" in set(live.values())
@@ -80,7 +84,10 @@ def test_liger_column_is_what_liger_really_rebinds(script):
     if version not in script.LIGER_VERSIONS:
         pytest.skip(f"liger-kernel {version} is not a column of the table")
     (artifact,) = [a for a in script.LIGER.columns if a.version == version]
-    tree = script.LIGER.tree(artifact, script.CACHE)
+    try:
+        tree = script.LIGER.tree(artifact, script.CACHE)
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download liger-kernel {version} from PyPI: {exc}")
     monkey_patch = tree.module(script.LIGER_FILE[: -len(".py")].replace("/", "."))
     proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -29,7 +29,11 @@ def _rows() -> list[tuple[object, object]]:
 @pytest.fixture(scope="module")
 def table() -> dict[str, dict[str, tuple[str, str]]]:
     """The vLLM section of the decision table (downloaded releases, cached)."""
-    return {name: cells for name, _, cells in matrix_script().VLLM.compute()}
+    try:
+        rows = matrix_script().VLLM.compute()
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download the vLLM releases of the table from PyPI: {exc}")
+    return {name: cells for name, _, cells in rows}
 
 
 @pytest.mark.parametrize(("family", "patch"), _rows(), ids=lambda v: getattr(v, "name", ""))
