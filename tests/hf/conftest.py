@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ if str(HERE) not in sys.path:
 
 import npu_emulation  # noqa: E402
 import transformers  # noqa: E402,F401  (the process-wide engine activates now, before the test double exists)
+from tiny_configs import rope_arguments  # noqa: E402
 
 from verl_npu_autopatch.config import Config  # noqa: E402
 from verl_npu_autopatch.engine import Engine  # noqa: E402
@@ -52,24 +52,11 @@ LINEAR = dict(
 )
 
 
-def _rope_arguments(config_cls: type, extra: dict[str, Any]) -> dict[str, Any]:
-    """``rope_parameters`` as the live config class takes it: transformers 5.x has one dict;
-    4.x has ``rope_theta``, ``partial_rotary_factor`` and a ``rope_scaling`` dict."""
-    if "rope_parameters" not in extra or "rope_parameters" in inspect.signature(config_cls).parameters:
-        return extra
-    extra = dict(extra)
-    scaling = dict(extra.pop("rope_parameters"))
-    extra["rope_theta"] = scaling.pop("rope_theta")
-    if "partial_rotary_factor" in scaling:
-        extra["partial_rotary_factor"] = scaling.pop("partial_rotary_factor")
-    return {**extra, "rope_scaling": scaling}
-
-
 def _causal(config_cls: str, model_cls: str, module: str, **extra: Any) -> Callable[[], Any]:
     def build() -> Any:
         mod = importlib.import_module(module)
         cls = getattr(importlib.import_module(module.replace("modeling_", "configuration_")), config_cls)
-        config = cls(**{**DIMS, **_rope_arguments(cls, extra)})
+        config = cls(**{**DIMS, **rope_arguments(cls, extra)})
         config._attn_implementation = "eager"
         return getattr(mod, model_cls)(config)
 

@@ -28,7 +28,9 @@ GROUP = "transformers"
 
 #: family -> ((kind, qualname variants), ...). Kinds: ``rms_norm`` (plain or ``(1+w)``, probed),
 #: ``rms_norm_gated``, ``mlp``/``vision_mlp`` (SwiGLU), ``rotary`` (full or partial, probed),
-#: ``experts`` (fused experts, or a legacy per-expert sparse-MoE block as the second variant).
+#: ``experts`` (fused experts; else, as the second variant, the sparse-MoE block: a legacy
+#: per-expert ``ModuleList`` block, or the 4.57 Qwen3-VL-MoE block around fused experts that take
+#: dense routing weights — the engine tries the block when the experts variant is unsupported).
 MODELS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "qwen2": (
         ("rms_norm", ("Qwen2RMSNorm.forward",)),
@@ -90,7 +92,11 @@ _SUMMARIES = {
     "mlp": "SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
     "vision_mlp": "Vision SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
     "rotary": "apply_rotary_pos_emb via torch_npu.npu_rotary_mul (full or partial rotary dim).",
-    "experts": "MoE experts via npu_moe_token_permute/unpermute + npu_grouped_matmul (custom backward).",
+    "experts": (
+        "MoE experts via npu_moe_token_permute/unpermute + npu_grouped_matmul (custom backward). transformers 5.x: "
+        'registered as experts_implementation="npu_grouped_mm", the default only when the user chose none '
+        "(eager/batched_mm/grouped_mm run upstream); 4.x: the sparse-MoE block forward."
+    ),
 }
 
 

@@ -10,6 +10,7 @@ import unittest
 from typing import Any
 
 import torch
+from tiny_configs import rope_arguments  # tests/hf, on sys.path (conftest.py of the child)
 
 from .test_modeling_common import ModelTesterMixin
 
@@ -73,7 +74,7 @@ class Tester:
             setattr(self, name, value)
 
     def get_config(self) -> Any:
-        return self.config_cls(**{**DIMS, **self.extra})
+        return self.config_cls(**{**DIMS, **rope_arguments(self.config_cls, self.extra)})
 
     def prepare_config_and_inputs_for_common(self) -> tuple[Any, dict[str, torch.Tensor]]:
         input_ids = torch.randint(1, self.vocab_size, (self.batch_size, self.seq_length))
