@@ -296,45 +296,50 @@ class Engine:
         config = self._config
         assert config is not None, "hooks are registered only by activate()"
         stage, target = "resolve", None
+        rejected: dict[Target, str] = {}  # variants present whose check said unsupported
         try:
-            site, missing = self._resolve(patch, record, module)
-            if site is None:
-                if missing is None:
-                    return None  # another variant's module is still to come
-                return self._finish(record, "unsupported", missing, config, patch)
-            target = site.target
-            record.target = str(target)
-            stage = "gate"
-            if patch.device == "npu-device" and config.device != "npu" and not probes.npu_device_visible():
-                return self._finish(record, "gated", "needs a visible NPU device", config, patch)
-            from verl_npu_autopatch import ownership
-            from verl_npu_autopatch.patching import describe, marked_by
+            while True:  # variant by variant: an unsupported variant hands over to the next one present
+                stage = "resolve"
+                site, missing = self._resolve(patch, record, module, rejected)
+                if site is None:
+                    if missing is None:
+                        return None  # another variant's module is still to come
+                    return self._finish(record, "unsupported", missing, config, patch)
+                target = site.target
+                record.target = str(target)
+                stage = "gate"
+                if patch.device == "npu-device" and config.device != "npu" and not probes.npu_device_visible():
+                    return self._finish(record, "gated", "needs a visible NPU device", config, patch)
+                from verl_npu_autopatch import ownership
+                from verl_npu_autopatch.patching import describe, marked_by
 
-            for detector in patch.yields_to:
-                owner = detector(site)
-                if owner:
-                    return self._finish(record, "yielded", f"target owned by {owner}", config, patch)
-            enclosing = ownership.enclosing_owner(patch, site)
-            if enclosing:
-                return self._finish(record, "yielded", enclosing, config, patch)
-            if marked_by(site.value) == patch.name:
-                reason = f"already in place ({describe(site.value)})"
-                self._remember(site, reason)
-                return self._finish(record, "applied", reason, config, patch)
-            stage = "check"
-            applied = "fix installed"
-            if patch.check is not None:
-                verdict = patch.check(site)
-                if verdict.action != "apply":
+                for detector in patch.yields_to:
+                    owner = detector(site)
+                    if owner:
+                        return self._finish(record, "yielded", f"target owned by {owner}", config, patch)
+                enclosing = ownership.enclosing_owner(patch, site)
+                if enclosing:
+                    return self._finish(record, "yielded", enclosing, config, patch)
+                if marked_by(site.value) == patch.name:
+                    reason = f"already in place ({describe(site.value)})"
+                    self._remember(site, reason)
+                    return self._finish(record, "applied", reason, config, patch)
+                stage = "check"
+                verdict = patch.check(site) if patch.check is not None else None
+                if verdict is not None and verdict.action == "unsupported":
+                    rejected[target] = verdict.reason
+                    continue
+                if verdict is not None and verdict.action != "apply":
                     return self._finish(record, verdict.action, verdict.reason, config, patch)
-                if verdict.reason:  # e.g. which other owner's callable the fix replaces
-                    applied = f"fix installed; {verdict.reason}"
-            stage = "fix"
-            undo = patch.fix(site)
-            with self._lock:
-                self._undo[patch.name] = undo
-            self._remember(site, applied)
-            return self._finish(record, "applied", applied, config, patch)
+                stage = "fix"
+                undo = patch.fix(site)
+                with self._lock:
+                    self._undo[patch.name] = undo
+                applied = _installed_reason(self._variants[patch.name], target, rejected)
+                if verdict is not None and verdict.reason:  # e.g. which other owner's callable the fix replaces
+                    applied = f"{applied}; {verdict.reason}"
+                self._remember(site, applied)
+                return self._finish(record, "applied", applied, config, patch)
         except Exception as exc:
             where = target or (module.__name__ if module else patch.name)
             reason = f"{stage} raised {type(exc).__name__}: {exc}"
@@ -345,15 +350,20 @@ class Engine:
                 return error
             return None
 
-    def _resolve(self, patch: Patch, record: Record, module: ModuleType | None) -> tuple[Site | None, str | None]:
-        """The first variant found in the live modules, or ``(None, why-unsupported)`` once every
-        variant module was imported without it, or ``(None, None)`` while some are still to come."""
+    def _resolve(
+        self, patch: Patch, record: Record, module: ModuleType | None, rejected: dict[Target, str]
+    ) -> tuple[Site | None, str | None]:
+        """The first variant found in the live modules and not ``rejected`` by its check, or
+        ``(None, why-unsupported)`` once every variant was imported without it or rejected, or
+        ``(None, None)`` while some are still to come."""
         import inspect
 
         from verl_npu_autopatch.spec import Site
 
         missing, waiting = [], False
         for target in self._variants[patch.name]:
+            if target in rejected:
+                continue
             live = sys.modules.get(target.module)
             if module is not None and target.module == module.__name__:
                 live = module
@@ -377,9 +387,10 @@ class Engine:
             return Site(patch, target, live, owner, parts[-1], value, dict(record.versions), self), None
         if waiting:
             return None, None
-        return None, "expected " + " or ".join(str(t) for t in self._variants[patch.name]) + "; found " + "; ".join(
-            missing
-        )
+        if not missing:  # every variant present was rejected: their checks say why
+            return None, " | ".join(rejected.values())
+        why = "expected " + " or ".join(str(t) for t in self._variants[patch.name]) + "; found " + "; ".join(missing)
+        return None, " | ".join([*rejected.values(), why])
 
     def _finish(self, record: Record, state: str, reason: str, config: Config, patch: Patch) -> Exception | None:
         self._set(record, state, reason)
@@ -647,6 +658,13 @@ def _blocked_on_us(activator: int) -> bool:
         return False
     except Exception:
         return False
+def _installed_reason(variants: tuple[Target, ...], target: Target, rejected: dict[Target, str]) -> str:
+    """``fix installed``; after a passed-over variant, also which variant and why the others were
+    passed over (the record's ``target`` always names the variant applied)."""
+    if not rejected:
+        return "fix installed"
+    position = f"variant {variants.index(target) + 1} of {len(variants)}"
+    return f"fix installed on {position} ({target}); passed over: " + " | ".join(rejected.values())
 
 
 def _initializing(module: ModuleType | None) -> bool:

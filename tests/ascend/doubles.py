@@ -164,7 +164,10 @@ def installed() -> Iterator[None]:
     try:
         package = stub_module("vllm_ascend", "TEST DOUBLE: the vllm-ascend package is importable")
         package.__path__ = []  # a package (its submodules are put into sys.modules by the tests)
-        with modules({"torch_npu": _torch_npu_module(), "vllm_ascend": package, **_acl_modules()}):
+        attention = stub_module("vllm_ascend.attention", "TEST DOUBLE: holds only the submodules a test puts in")
+        attention.__path__ = []  # so a submodule no test installed is known absent (find_spec: None)
+        stand_ins = {"vllm_ascend": package, "vllm_ascend.attention": attention}
+        with modules({"torch_npu": _torch_npu_module(), **stand_ins, **_acl_modules()}):
             yield
     finally:
         if had_npu:

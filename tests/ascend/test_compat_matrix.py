@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
 import upstream
 
 from verl_npu_autopatch.patches import ascend_capture
 
 
-def test_committed_table_is_current(releases):
+@pytest.fixture(scope="module")
+def tables(releases) -> dict:
+    """Every section, computed by the script's own download/extract code (cached)."""
+    return upstream.matrix_script().compute()
+
+
+def test_committed_table_is_current(tables):
     script = upstream.matrix_script()
-    rows = script.compute()  # the same download/extract code, cached by the `releases` fixture
     committed = script.DOC.read_text(encoding="utf-8")
-    assert script.render(rows) == committed, "stale: run python3 scripts/compat-matrix --write"
+    assert script.render(tables) == committed, "stale: run python3 scripts/compat-matrix --write"
+    rows = tables[script.ASCEND.title]
 
     cells = {name: {label: state for label, (state, _) in row.items()} for name, _, row in rows}
     assert (
@@ -24,9 +31,12 @@ def test_committed_table_is_current(releases):
         "unsupported",
         "applies",
         "applies",
-        "unsupported",
+        "applies",  # the 0.30 variant: attention/indexer.py still passes unscaled weights
     ]
     assert cells["ascend.routed_experts_capture"]["0.18.0"] == "gated"
+    reasons = {name: {label: reason for label, (_, reason) in row.items()} for name, _, row in rows}
+    assert "patch_routed_experts_capturer" in reasons["ascend.routed_experts_capture"]["0.18.0"]
+    assert "rl_config.enabled" in reasons["ascend.sfa_keep_kv_b_proj"]["0.30.0rc2"]
     assert cells["vllm.engine_partial_wake_up"]["0.30.0rc2"] == "fixed-upstream"
 
 
@@ -36,3 +46,101 @@ def test_gate_uses_the_patch_requirements():
     reason = script.gate(patch, {"vllm-ascend": "0.20.2rc1"})
     assert reason == "needs vllm-ascend>=0.21.0rc1; found vllm-ascend 0.20.2rc1"
     assert script.gate(patch, {"vllm-ascend": "0.21.0rc1"}) is None
+
+
+def test_every_section_is_computed_from_real_releases(tables):
+    script = upstream.matrix_script()
+    cell = {
+        (title, name): {label: state for label, (state, _) in cells.items()}
+        for title, rows in tables.items()
+        for name, _, cells in rows
+    }
+    vllm = script.VLLM.title
+    assert list(cell[(vllm, "vllm.moe_weight_loader")]) == list(script.VLLM_VERSIONS)
+    rotary = cell[(vllm, "vllm.rotary_flash_attn_guard")]
+    assert rotary["0.23.0"] == "applies" and rotary["0.33.0"] == "fixed-upstream"
+    hf = script.TRANSFORMERS.title
+    # 4.57.6: Qwen3VLMoeTextExperts.forward(hidden_states, routing_weights, router_indices) fails the probe
+    assert cell[(hf, "transformers.qwen3_vl_moe.experts")]["5.24.0"] == "applies"
+    assert cell[(hf, "transformers.qwen3_5_moe.experts")]["4.57.6"] == "absent"  # no such family yet
+    assert cell[(hf, "transformers.qwen2_5_vl.rms_norm")]["4.57.6"] == "applies"  # qwen2's, imported
+    liger = script.LIGER.title
+    assert cell[(liger, "apply_liger_kernel_to_qwen3")]["0.8.5"] == "agrees"
+    # liger 0.8.0-0.8.4 take a rope switch for Qwen3-Next but rebind no rotary function
+    assert cell[(liger, "apply_liger_kernel_to_qwen3_next")]["0.8.4"] == "differs"
+
+
+def test_liger_replacements_follow_switches_and_conditions():
+    import ast
+
+    script = upstream.matrix_script()
+    source = """
+def apply_liger_kernel_to_x(rope=True, swiglu=False, model=None):
+    if rope:
+        modeling_x.apply_rotary_pos_emb = f
+    if swiglu:
+        if IS_V5:
+            modeling_x.XExperts = g
+        else:
+            modeling_x.XMLP = h
+    if model is not None:
+        if swiglu:
+            modeling_x.Ignored = i
+    if rope:
+        raise NotImplementedError("no rope here")
+"""
+    (function,) = ast.parse(source).body
+    assert script.liger_replacements(function) == {
+        "rope": ["apply_rotary_pos_emb", "!raises NotImplementedError"],
+        "swiglu": ["XExperts [IS_V5]", "XMLP [not IS_V5]"],
+    }
+
+
+def _fake_vllm_release(script, cache, version: str) -> None:
+    """A fake "newest" vLLM sdist in ``cache``: the real newest column's files, except that
+    ``RoutedExperts.weight_loader`` is renamed (the MoE patch's target disappears)."""
+    import hashlib
+    import io
+    import os
+    import tarfile
+
+    base = script.VLLM.columns[-1]
+    files = cache / "files"
+    files.mkdir(parents=True)
+    for suffix in ("", ".sha256"):  # the real newest release, for the comparison
+        os.link(script.CACHE / "files" / (base.filename + suffix), files / (base.filename + suffix))
+    root = script.extract(base, script.VLLM_FILES)
+    fake = files / f"vllm-{version}.tar.gz"
+    with tarfile.open(fake, "w:gz") as tar:
+        for name in script.VLLM_FILES:
+            data = (root / name).read_bytes()
+            if name.endswith("fused_moe/routed_experts.py"):
+                assert b"def weight_loader(" in data
+                data = data.replace(b"def weight_loader(", b"def load_expert_weight(")
+            info = tarfile.TarInfo(f"vllm-{version}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    fake.with_name(fake.name + ".sha256").write_text(hashlib.sha256(fake.read_bytes()).hexdigest() + "\n")
+
+
+def test_latest_against_a_fake_newest_release_names_the_changed_cell(tables, tmp_path, monkeypatch, capsys):
+    script = upstream.matrix_script()  # `tables`: the real newest column is downloaded (cached)
+    _fake_vllm_release(script, tmp_path, "9.9.9")
+    monkeypatch.setattr(script, "newest_version", lambda project: "9.9.9")
+    monkeypatch.setattr(
+        script,
+        "index_artifact",
+        lambda project, version, prefer: script.Artifact(project, version, f"vllm-{version}.tar.gz"),
+    )
+    assert script.latest([script.VLLM], tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "vllm: newest 9.9.9, table's newest 0.33.0: 1 changed cell(s)" in out
+    assert "vLLM 0.33.0 -> 9.9.9: `vllm.moe_weight_loader`: applies -> unsupported" in out
+    assert "rotary" not in out and "engine_partial_wake_up" not in out  # unchanged cells stay quiet
+
+
+def test_latest_is_quiet_when_the_newest_release_is_the_table_column(monkeypatch, capsys):
+    script = upstream.matrix_script()
+    monkeypatch.setattr(script, "newest_version", lambda project: script.VLLM.columns[-1].version)
+    assert script.latest([script.VLLM]) == 0
+    assert "no change" in capsys.readouterr().out

@@ -248,3 +248,182 @@ def test_indexer_without_sfa_impl_is_unsupported_and_strict_raises(releases, npu
         assert module.DeviceOperator.__dict__["indexer_select_post_process"] is original
         with pytest.raises(PatchError, match=r"ascend\.sfa_indexer_scale"):
             upstream.run_engine(SCALE, VERL_NPU_AUTOPATCH_ENABLE="glm52", VERL_NPU_AUTOPATCH_STRICT="1")
+
+
+# ----------------------------------------------------------------------------- 0.30: attention/indexer.py
+INDEXER = "vllm_ascend.attention.indexer"
+
+
+def build_indexer(root) -> types.ModuleType:
+    """A ``vllm_ascend.attention.indexer`` holding the release's own ``AscendSFAIndexerBackend.forward``
+    and ``forward_k``, whose ``DeviceOperator`` is the release's ``BaseDeviceAdaptor`` (device_op.py)."""
+    torch_npu = sys.modules["torch_npu"]
+    device_op = upstream.load_subset(
+        root / "vllm_ascend/device/device_op.py",
+        "vllm_ascend.device.device_op",
+        {"BaseDeviceAdaptor": ("indexer_select_post_process",)},
+        (),
+        {"torch": torch, "torch_npu": torch_npu, "Any": object},
+    )
+    return upstream.load_subset(
+        root / "vllm_ascend/attention/indexer.py",
+        INDEXER,
+        {"AscendSFAIndexerBackend": ("forward_k", "forward")},
+        (),
+        {
+            "torch": torch,
+            "torch_npu": torch_npu,
+            "HAS_TRITON": False,
+            "DeviceOperator": device_op.BaseDeviceAdaptor,
+            "INDEXER_K_CACHE_SLOT": 0,  # the release's module constants
+            "INDEXER_SCALE_CACHE_SLOT": 1,
+        },
+    )
+
+
+@pytest.fixture
+def indexer030(releases, npu) -> Iterator[types.ModuleType]:
+    module = build_indexer(releases["0.30.0rc2"][0])
+    with doubles.modules({INDEXER: module}):
+        yield module
+
+
+def run_backend(indexer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run 0.30.0rc2's ``AscendSFAIndexerBackend.forward`` (k path, then top-k selection through
+    ``DeviceOperator``); return (raw head weights, weights the lightning indexer received)."""
+    backend = object.__new__(indexer.AscendSFAIndexerBackend)
+    tokens = 3
+    kw = torch.randn(tokens, HEAD_DIM + N_HEAD)
+    backend.n_head, backend.head_dim, backend.qk_rope_head_dim = N_HEAD, HEAD_DIM, ROPE
+    backend.is_rope_neox_style, backend.use_torch_npu_lightning_indexer = False, True
+    backend.enable_sparse_li_c8 = backend.enable_sparse_li_c4 = False
+    backend.wk_weights_proj = lambda x: (kw, None)
+    backend.k_norm = lambda k: k
+    backend.wq_b = lambda q_c: (torch.randn(tokens, N_HEAD * HEAD_DIM), None)
+    backend.k_cache = types.SimpleNamespace(kv_cache=(torch.zeros(1), None))
+    # TEST DOUBLES for the cache write (not what the patch touches).
+    backend._gather_cache_inputs = lambda k, k_scale, metadata: (k, k_scale, None)
+    backend.write_cache = lambda *args, **kwargs: None
+    backend.enable_sparse_li_quant = False
+    seq = torch.tensor([tokens])
+    metadata = types.SimpleNamespace(
+        cos=torch.ones(tokens, 1, 1, ROPE),
+        sin=torch.ones(tokens, 1, 1, ROPE),
+        actual_seq_lengths_query=seq,
+        actual_seq_lengths_key=seq,
+        block_table=torch.zeros(1, 1, dtype=torch.int32),
+    )
+    hidden = torch.randn(tokens, 16)
+    doubles.EVENTS.clear()
+    backend.forward(hidden, torch.randn(tokens, 8), hidden, metadata)
+    (call,) = [details for name, details in doubles.EVENTS if name == "torch_npu.npu_lightning_indexer"]
+    return kw[:, HEAD_DIM:], call["weights"]
+
+
+def test_030_release_passes_unscaled_indexer_weights(indexer030):
+    """The evidence the decision rests on, executed: 0.30.0rc2's standard (non-KPool) indexer hands
+    the raw ``kw[:, head_dim:]`` columns to the lightning indexer."""
+    raw, received = run_backend(indexer030)
+    assert torch.equal(received, raw)
+
+
+def test_030_kpool_backend_scales_but_standard_backend_does_not(releases):
+    """The same release's GLM-Next KPool backend scales the weights (softmax_scale * n_head**-0.5);
+    the standard backend feeding DeviceOperator does not: the patch's 0.30 rule says ``apply``."""
+    from verl_npu_autopatch.patches._shapes import ModuleSource
+
+    root = releases["0.30.0rc2"][0]
+    kpool = (root / "vllm_ascend/attention/indexer_kpool.py").read_text(encoding="utf-8")
+    assert "weights = weights * (self.softmax_scale * self.n_head**-0.5)" in kpool
+    source = ModuleSource((root / "vllm_ascend/attention/indexer.py").read_text(encoding="utf-8"))
+    device_op = ModuleSource((root / "vllm_ascend/device/device_op.py").read_text(encoding="utf-8"))
+    verdict = ascend_glm52.indexer_backend_rule(
+        device_op.code("BaseDeviceAdaptor.indexer_select_post_process"),
+        source.code("AscendSFAIndexerBackend.forward"),
+        source.code("AscendSFAIndexerBackend.forward_k"),
+    )
+    assert verdict.action == "apply"
+
+
+def test_030_patched_indexer_weights_are_scaled(indexer030):
+    base = indexer030.DeviceOperator
+    original = base.__dict__["indexer_select_post_process"]
+    engine = upstream.run_engine(SCALE, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    record = engine.report()["ascend.sfa_indexer_scale"]
+    assert record.state == "applied"
+    assert record.target == f"{INDEXER}:DeviceOperator.indexer_select_post_process"
+    assert isinstance(base.__dict__["indexer_select_post_process"], staticmethod)
+    raw, received = run_backend(indexer030)
+    torch.testing.assert_close(received, raw / (N_HEAD**0.5 * HEAD_DIM**0.5))
+    assert engine.revert() == ["ascend.sfa_indexer_scale"]
+    assert base.__dict__["indexer_select_post_process"] is original
+    raw, received = run_backend(indexer030)
+    assert torch.equal(received, raw)
+
+
+def test_030_quantized_query_takes_heads_from_the_original_shape():
+    """With LI C8/C4 the query is quantized; the wrapper reads n_head/head_dim from q_li_shape_ori."""
+    seen = []
+
+    class Device:
+        @staticmethod
+        def indexer_select_post_process(q_li, q_li_scale, q_li_shape_ori, weights, *rest):
+            seen.append(weights)
+
+    site = types.SimpleNamespace(
+        target=types.SimpleNamespace(module=INDEXER),
+        owner=Device,
+        attribute="indexer_select_post_process",
+        patch=SCALE[0],
+    )
+    undo = ascend_glm52._fix_indexer(site)
+    weights = torch.ones(3, N_HEAD)
+    Device.indexer_select_post_process(torch.zeros(3, 5), None, (3, N_HEAD, HEAD_DIM), weights, "kv")
+    torch.testing.assert_close(seen[0], weights / (N_HEAD**0.5 * HEAD_DIM**0.5))
+    undo()
+
+
+# ----------------------------------------------------------------------------- 0.30: kv_b_proj in RL mode
+def test_030_kv_b_proj_decided_from_the_live_rl_config(releases, npu):
+    """0.30.0rc2 disposes kv_b_proj only outside RL weight-update mode; the check asks the release's
+    own ``is_rl_weight_update_enabled`` with the current vLLM config."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    root = releases["0.30.0rc2"][0]
+    module = upstream.load_subset(
+        root / "vllm_ascend/attention/sfa_v1.py",
+        NAME,
+        {"AscendSFAImpl": ("process_weights_after_loading",)},
+        (),
+        {"torch": torch},
+    )
+    utils = upstream.load_subset(
+        root / "vllm_ascend/utils.py",
+        "vllm_ascend.utils",
+        {},
+        ("is_rl_weight_update_enabled", "dispose_layer", "dispose_tensor"),
+        {"torch": torch, "Any": object, "VllmConfig": VllmConfig},
+    )
+    rl = types.SimpleNamespace(rl_config=types.SimpleNamespace(enabled=True))
+    utils.get_ascend_config = lambda: rl  # TEST DOUBLE for vllm-ascend's config singleton
+    module.dispose_layer, module.is_rl_weight_update_enabled = utils.dispose_layer, utils.is_rl_weight_update_enabled
+    with doubles.modules({NAME: module}):
+        with set_current_vllm_config(VllmConfig()):
+            record = upstream.run_engine(KEEP, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[KEEP[0].name]
+        assert record.state == "fixed-upstream"
+        assert "rl_config.enabled" in record.reason and "which is on" in record.reason
+        rl.rl_config.enabled = False
+        with set_current_vllm_config(VllmConfig()):
+            engine = upstream.run_engine(KEEP, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+        assert engine.report()[KEEP[0].name].state == "applied"
+        engine.revert()
+
+
+def test_kv_b_proj_fix_steps_aside_when_the_layer_keeps_it_itself(sfa):
+    """A layer whose upstream flag says RL keeps kv_b_proj runs upstream's method untouched."""
+    upstream.run_engine(KEEP, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    impl, other = make_impl(sfa), torch.nn.Linear(3, 3).requires_grad_(False)
+    impl.rl_weight_update_enabled = True
+    FORMAT_HOOK.append(lambda: sfa.dispose_layer(other))
+    impl.process_weights_after_loading(torch.bfloat16)  # 0.23 has no such flag: it disposes
+    assert impl.kv_b_proj.weight.numel() == 0

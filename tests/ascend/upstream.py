@@ -13,28 +13,15 @@ Two ways, both executing the release's own code:
 from __future__ import annotations
 
 import ast
-import importlib.machinery
 import importlib.util
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "compat-matrix"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
-
-def matrix_script() -> types.ModuleType:
-    """``scripts/compat-matrix`` imported as a module (it has no ``.py`` suffix)."""
-    name = "compat_matrix_script"
-    if name in sys.modules:
-        return sys.modules[name]
-    loader = importlib.machinery.SourceFileLoader(name, str(SCRIPT))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
+from matrix import matrix_script  # noqa: F401  (re-exported: the suites share one loader)
 
 
 def load_file(path: Path, name: str) -> types.ModuleType:

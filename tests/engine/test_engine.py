@@ -232,6 +232,20 @@ print(json.dumps({n: [r[n].state, r[n].reason, r[n].versions] for n in ("fixture
     assert seen["variant"] == "vllm.model:Layer.forward"
 
 
+def test_unsupported_variant_hands_over_to_the_next_one_present(base_python: Path) -> None:
+    code = """
+import json, vllm.model, vllm.old_layout, verl_npu_autopatch, autopatch_test_plugin
+r = verl_npu_autopatch.report()["fixture.fallback"]
+print(json.dumps([r.state, r.target, r.reason, autopatch_test_plugin.CALLS.get("fixture.fallback")]))
+"""
+    state, target, reason, calls = run_json(base_python, code, env=NPU)
+    assert (state, target, calls) == ("applied", "vllm.model:Layer.helper", 1)
+    assert reason == (
+        "fix installed on variant 3 of 3 (vllm.model:Layer.helper); passed over: "
+        "expected vllm.model:Layer.forward: a static helper; found a method named forward"
+    )
+
+
 def test_missing_variant_is_unsupported_with_expected_and_found(base_python: Path) -> None:
     code = """
 import json, vllm.old_layout, verl_npu_autopatch

@@ -18,6 +18,7 @@ if str(HERE) not in sys.path:
 
 import npu_emulation  # noqa: E402
 import transformers  # noqa: E402,F401  (the process-wide engine activates now, before the test double exists)
+from tiny_configs import rope_arguments  # noqa: E402
 
 from verl_npu_autopatch.config import Config  # noqa: E402
 from verl_npu_autopatch.engine import Engine  # noqa: E402
@@ -26,7 +27,8 @@ from verl_npu_autopatch.patches import liger, transformers_npu  # noqa: E402
 ALL_PATCHES = [*transformers_npu.PATCHES, *liger.PATCHES]
 
 #: Families whose modeling module exists in the installed transformers.
-PRESENT = [f for f in transformers_npu.MODELS if importlib.util.find_spec(transformers_npu.module_name(f))]
+MODELS_DIR = Path(importlib.util.find_spec("transformers.models").origin).parent
+PRESENT = [f for f in transformers_npu.MODELS if (MODELS_DIR / f / f"modeling_{f}.py").exists()]
 
 DIMS = dict(
     vocab_size=96,
@@ -53,9 +55,8 @@ LINEAR = dict(
 def _causal(config_cls: str, model_cls: str, module: str, **extra: Any) -> Callable[[], Any]:
     def build() -> Any:
         mod = importlib.import_module(module)
-        config = getattr(importlib.import_module(module.replace("modeling_", "configuration_")), config_cls)(
-            **{**DIMS, **extra}
-        )
+        cls = getattr(importlib.import_module(module.replace("modeling_", "configuration_")), config_cls)
+        config = cls(**{**DIMS, **rope_arguments(cls, extra)})
         config._attn_implementation = "eager"
         return getattr(mod, model_cls)(config)
 
@@ -65,6 +66,7 @@ def _causal(config_cls: str, model_cls: str, module: str, **extra: Any) -> Calla
 def builders() -> dict[str, Callable[[], Any]]:
     m = transformers_npu.module_name
     rope_partial = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+    mrope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
     return {
         "qwen2": _causal("Qwen2Config", "Qwen2ForCausalLM", m("qwen2")),
         "qwen3": _causal("Qwen3Config", "Qwen3ForCausalLM", m("qwen3")),
@@ -73,10 +75,12 @@ def builders() -> dict[str, Callable[[], Any]]:
             "Qwen2_5_VLTextConfig",
             "Qwen2_5_VLTextModel",
             m("qwen2_5_vl"),
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+            rope_parameters=mrope,
         ),
-        "qwen3_vl": _causal("Qwen3VLTextConfig", "Qwen3VLTextModel", m("qwen3_vl")),
-        "qwen3_vl_moe": _causal("Qwen3VLMoeTextConfig", "Qwen3VLMoeTextModel", m("qwen3_vl_moe"), **MOE),
+        "qwen3_vl": _causal("Qwen3VLTextConfig", "Qwen3VLTextModel", m("qwen3_vl"), rope_parameters=mrope),
+        "qwen3_vl_moe": _causal(
+            "Qwen3VLMoeTextConfig", "Qwen3VLMoeTextModel", m("qwen3_vl_moe"), rope_parameters=mrope, **MOE
+        ),
         "qwen3_next": _causal(
             "Qwen3NextConfig",
             "Qwen3NextForCausalLM",

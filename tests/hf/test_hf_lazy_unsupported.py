@@ -149,4 +149,5 @@ def test_every_present_family_is_in_the_table() -> None:
         "qwen3_5_moe",
     ]
     assert sorted(PRESENT) == sorted(f for f in wanted if (root / f / f"modeling_{f}.py").exists())
-    assert len(PRESENT) == 9
+    # Only the families newer than transformers 4.57 may be missing (4.57.6 is the oldest we test).
+    assert set(wanted) - set(PRESENT) <= {"qwen3_5", "qwen3_5_moe"}, PRESENT

@@ -30,7 +30,12 @@ PRELUDE = textwrap.dedent(
         origins = [getattr(getattr(o, "__func__", o), "__module__", "") or "" for o in [obj, *holders[1:]]]
         if any(o.startswith("liger_kernel") for o in origins):
             return "liger"
-        return "ours" if marked_by(obj) else "upstream"
+        if marked_by(obj):
+            return "ours"
+        if isinstance(holders[-1], type) and transformers_npu.dispatcher_interface(obj) is not None:
+            from verl_npu_autopatch.patches import _experts_interface  # transformers 5.x experts: registered
+            return "ours" if _experts_interface.installed(holders[-1]) else "upstream"
+        return "upstream"
 
     def dump(engine, families, **extra):
         records = {
@@ -86,7 +91,8 @@ def test_liger_applied_after_us_takes_over_its_targets() -> None:
         apply_liger_kernel_to_qwen2()
         apply_liger_kernel_to_qwen3(rope=False)
         apply_liger_kernel_to_qwen3_next()
-        dump(engine, ("qwen2", "qwen3", "qwen3_next"), before=before)
+        expert_mlp = owner("transformers.models.qwen3_next.modeling_qwen3_next:Qwen3NextMLP.forward")
+        dump(engine, ("qwen2", "qwen3", "qwen3_next"), before=before, expert_mlp=expert_mlp)
         """
     )
     assert set(out["before"].values()) == {"applied"} and len(out["before"]) == 6
@@ -101,7 +107,12 @@ def test_liger_applied_after_us_takes_over_its_targets() -> None:
     assert (qwen3["rotary"]["state"], qwen3["rotary"]["owner"]) == ("applied", "ours")  # rope=False
     # Liger has no gated RMSNorm and leaves rope off for Qwen3-Next: those stay ours.
     assert qwen3_next["rms_norm_gated"]["state"] == qwen3_next["rotary"]["state"] == "applied"
-    assert qwen3_next["rms_norm"]["owner"] == qwen3_next["experts"]["owner"] == "liger"
+    assert qwen3_next["rms_norm"]["owner"] == "liger"
+    if qwen3_next["experts"]["target"].endswith("SparseMoeBlock.forward"):
+        # transformers 4.x: the upstream block loops over per-expert MLPs, and Liger swaps that MLP class.
+        assert qwen3_next["experts"]["owner"] == "upstream" and out["expert_mlp"] == "liger"
+    else:
+        assert qwen3_next["experts"]["owner"] == "liger"  # LigerExperts
 
 
 def test_liger_on_an_instance_as_verl_calls_it() -> None:
@@ -123,16 +134,20 @@ def test_liger_on_an_instance_as_verl_calls_it() -> None:
             "class_norm_marked": bool(marked_by(type(layer.input_layernorm).forward)),
             "moe_mlp_class": marked_by(sys.modules[
                 transformers_npu.module_name("qwen3_moe")].Qwen3MoeMLP.forward),
-            "moe_experts": moe_layer.mlp.experts.forward.__func__.__module__,
+            "moe_experts": None if hasattr(moe_layer.mlp.experts, "__iter__")
+            else moe_layer.mlp.experts.forward.__func__.__module__,
+            "expert_mlp": [e.forward.__func__.__module__ for e in moe_layer.mlp.experts]
+            if hasattr(moe_layer.mlp.experts, "__iter__") else None,
         }
         dump(engine, ("qwen3", "qwen3_moe", "qwen3_vl_moe"), bound=bound)
         """
     )
     records = out["records"]
     assert_one_owner(records)
+    transformers4 = out["bound"]["expert_mlp"] is not None
     # Liger 0.8.5 (transformers 5): swiglu=True replaces Qwen3MLP and the MoE experts, but not the
     # Qwen3-MoE / Qwen3-VL-MoE dense MLPs.
-    kept = {"qwen3_moe": "mlp", "qwen3_vl_moe": "mlp"}
+    kept = {} if transformers4 else {"qwen3_moe": "mlp", "qwen3_vl_moe": "mlp"}
     for name in ("qwen3", "qwen3_moe", "qwen3_vl_moe"):
         for kind, record in family(records, name).items():
             if kind == kept.get(name):
@@ -144,11 +159,16 @@ def test_liger_on_an_instance_as_verl_calls_it() -> None:
             assert record["reason"] == (
                 f"target handed to liger-kernel (_apply_liger_kernel_to_instance -> apply_liger_kernel_to_{name})"
             )
-    assert family(records, "qwen3_moe")["experts"]["owner"] == "liger"  # LigerExperts
+    if out["bound"]["expert_mlp"] is None:
+        assert family(records, "qwen3_moe")["experts"]["owner"] == "liger"  # LigerExperts
+    else:  # transformers 4.x: a ModuleList of per-expert MLPs inside the upstream block, each Liger's now
+        assert family(records, "qwen3_moe")["experts"]["owner"] == "upstream"
+        assert all(m.startswith("liger_kernel") for m in out["bound"]["expert_mlp"]), out["bound"]["expert_mlp"]
     assert out["bound"]["mlp"].startswith("liger_kernel") and out["bound"]["norm"].startswith("liger_kernel")
     assert out["bound"]["class_mlp_marked"] is out["bound"]["class_norm_marked"] is False
-    assert out["bound"]["moe_mlp_class"] == "transformers.qwen3_moe.mlp"  # ours is what runs there
-    assert out["bound"]["moe_experts"].startswith("liger_kernel")
+    if not transformers4:
+        assert out["bound"]["moe_mlp_class"] == "transformers.qwen3_moe.mlp"  # ours is what runs there
+        assert out["bound"]["moe_experts"].startswith("liger_kernel")
 
 
 def test_liger_function_that_raises_takes_nothing() -> None:

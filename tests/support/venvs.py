@@ -36,7 +36,24 @@ SPECS: dict[str, dict[str, list]] = {
     },
     "hf": {
         "steps": [
-            ["torch==2.13.0", "transformers==5.24.0", "triton==3.9.0", "pytest", "wrapt", "packaging"],
+            ["torch==2.13.0", "transformers==5.24.0", "triton==3.9.0", "pytest", "parameterized", "wrapt", "packaging"],
+            ["--no-deps", "liger-kernel==0.8.5"],
+        ],
+        "remove": [],
+    },
+    # The HF suite on the other transformers releases users run: 4.57.6 (verl's Ascend images) and
+    # 5.9.0 (verl 0.9.1's extras pin). ``parameterized`` is what transformers' own test suite imports.
+    # (The hf-4.57 and hf-5.9 suites are in ``scripts/test``.)
+    "hf-4.57": {
+        "steps": [
+            ["torch==2.13.0", "transformers==4.57.6", "triton==3.9.0", "pytest", "parameterized", "wrapt", "packaging"],
+            ["--no-deps", "liger-kernel==0.7.0"],  # the newest Liger for transformers 4.x (0.8 needs 5.x)
+        ],
+        "remove": [],
+    },
+    "hf-5.9": {
+        "steps": [
+            ["torch==2.13.0", "transformers==5.9.0", "triton==3.9.0", "pytest", "parameterized", "wrapt", "packaging"],
             ["--no-deps", "liger-kernel==0.8.5"],
         ],
         "remove": [],

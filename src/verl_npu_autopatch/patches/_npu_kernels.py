@@ -172,6 +172,14 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     return GroupedMatmul.apply(x, weight, counts)
 
 
+def group_counts(top_k_index: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Rows per expert, ``[num_experts]`` int64: a fixed length (``torch.bincount``'s length
+    depends on the data, which ``torch.export`` cannot trace)."""
+    flat = top_k_index.reshape(-1).to(torch.int64)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    return counts.scatter_add_(0, flat, torch.ones_like(flat))
+
+
 def routed_experts(
     tokens: torch.Tensor,
     top_k_index: torch.Tensor,
@@ -186,39 +194,50 @@ def routed_experts(
     routing-weighted sum of its experts' outputs.
     """
     ops = npu()
-    num_experts = gate_up.shape[0]
     permuted, sorted_indices = ops.npu_moe_token_permute(tokens, top_k_index.to(torch.int32))
-    counts = torch.bincount(top_k_index.reshape(-1), minlength=num_experts).to(torch.int64)
+    counts = group_counts(top_k_index, gate_up.shape[0])
     hidden = grouped_matmul(permuted, gate_up, counts)
     hidden = grouped_matmul(ops.npu_swiglu(hidden, dim=-1), down, counts)
     out = ops.npu_moe_token_unpermute(hidden, sorted_indices, probs=top_k_weights.to(hidden.dtype))
     return out.to(tokens.dtype)
 
 
-def fused_experts(original: Callable, transposed: bool) -> Callable:
-    """Replacement of a fused ``Experts.forward(hidden_states, top_k_index, top_k_weights)``.
+def experts_fit(experts: Any) -> bool:
+    """Whether a fused experts module is one the kernel reproduces: SiLU, concatenated gate/up, no
+    bias, not expert-parallel (transformers 5.x sets these flags; older classes lack them)."""
+    return (
+        is_silu(getattr(experts, "act_fn", None))
+        and not getattr(experts, "has_bias", False)
+        and getattr(experts, "has_gate", True)
+        and getattr(experts, "is_concatenated", True)
+        and not getattr(experts, "_is_expert_parallel", False)
+    )
 
-    ``transposed=False``: ``gate_up_proj`` is ``[E, 2I, H]`` and ``down_proj`` ``[E, H, I]``
-    (``F.linear`` layout); ``True``: ``[E, H, 2I]`` and ``[E, I, H]``. Falls back to the original
-    for a non-SiLU activation, bias, interleaved gate/up, no gate, or expert parallelism.
-    """
+
+def run_fused_experts(
+    experts: Any, transposed: bool, tokens: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """The kernel on a fused experts module. ``transposed=False``: ``gate_up_proj`` is
+    ``[E, 2I, H]`` and ``down_proj`` ``[E, H, I]`` (``F.linear`` layout); ``True``: ``[E, H, 2I]``
+    and ``[E, I, H]``. The module's own ``is_transposed`` flag wins when it has one."""
+    flip = getattr(experts, "is_transposed", transposed)
+    gate_up = experts.gate_up_proj if flip else experts.gate_up_proj.transpose(1, 2)
+    down = experts.down_proj if flip else experts.down_proj.transpose(1, 2)
+    return routed_experts(tokens, top_k_index, top_k_weights, gate_up.contiguous(), down.contiguous())
+
+
+def fused_experts(original: Callable, transposed: bool) -> Callable:
+    """Replacement of a fused ``Experts.forward(hidden_states, top_k_index, top_k_weights)`` that
+    transformers does not dispatch (no ``@use_experts_implementation``). Falls back to the original
+    when :func:`experts_fit` says no."""
 
     @functools.wraps(original)
     def forward(
         self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
-        if (
-            not is_silu(getattr(self, "act_fn", None))
-            or getattr(self, "has_bias", False)
-            or not getattr(self, "has_gate", True)
-            or not getattr(self, "is_concatenated", True)
-            or getattr(self, "_is_expert_parallel", False)
-        ):
+        if not experts_fit(self):
             return original(self, hidden_states, top_k_index, top_k_weights)
-        flip = getattr(self, "is_transposed", transposed)
-        gate_up = self.gate_up_proj if flip else self.gate_up_proj.transpose(1, 2)
-        down = self.down_proj if flip else self.down_proj.transpose(1, 2)
-        return routed_experts(hidden_states, top_k_index, top_k_weights, gate_up.contiguous(), down.contiguous())
+        return run_fused_experts(self, transposed, hidden_states, top_k_index, top_k_weights)
 
     return forward
 
@@ -227,6 +246,18 @@ def _expert_fits(expert: Any) -> bool:
     return all(
         getattr(getattr(expert, n, None), "bias", 1) is None for n in ("gate_proj", "up_proj", "down_proj")
     ) and is_silu(getattr(expert, "act_fn", None))
+
+
+def _route(block: Any, tokens: torch.Tensor, normalize: bool | None) -> tuple[torch.Tensor, ...]:
+    """``(router_logits, top-k weights in the token dtype, top-k index)`` of a linear-router block:
+    softmax in fp32, top-k, renormalised when ``normalize`` (``None``: the block's
+    ``norm_topk_prob``)."""
+    router_logits = block.gate(tokens)
+    probs = F.softmax(router_logits, dim=-1, dtype=torch.float)
+    weights, index = torch.topk(probs, block.top_k, dim=-1)
+    if getattr(block, "norm_topk_prob", False) if normalize is None else normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return router_logits, weights.to(tokens.dtype), index
 
 
 def legacy_moe_block(original: Callable) -> Callable:
@@ -243,12 +274,7 @@ def legacy_moe_block(original: Callable) -> Callable:
             return original(self, hidden_states)
         batch, seq, hidden = hidden_states.shape
         tokens = hidden_states.view(-1, hidden)
-        router_logits = self.gate(tokens)
-        probs = F.softmax(router_logits, dim=1, dtype=torch.float)
-        weights, index = torch.topk(probs, self.top_k, dim=-1)
-        if getattr(self, "norm_topk_prob", False):
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(tokens.dtype)
+        router_logits, weights, index = _route(self, tokens, None)
         gate_up = torch.stack([torch.cat((e.gate_proj.weight, e.up_proj.weight), dim=0) for e in experts])
         down = torch.stack([e.down_proj.weight for e in experts])
         out = routed_experts(
@@ -257,5 +283,26 @@ def legacy_moe_block(original: Callable) -> Callable:
         if getattr(self, "shared_expert", None) is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(tokens)) * self.shared_expert(tokens)
         return out.view(batch, seq, hidden), router_logits
+
+    return forward
+
+
+def fused_moe_block(original: Callable, transposed: bool) -> Callable:
+    """Replacement of a sparse-MoE block forward whose ``experts`` is one fused module called as
+    ``experts(hidden, routing_weights, router_indices)`` (transformers 4.57 Qwen3-VL-MoE, where
+    the experts module cannot be given routed tokens): routes like upstream (softmax, top-k,
+    always renormalised) and runs the kernel on the fused ``gate_up_proj``/``down_proj``; returns
+    ``(hidden [B, S, H], router_logits)``."""
+
+    @functools.wraps(original)
+    def forward(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        experts = self.experts
+        if not experts_fit(experts):
+            return original(self, hidden_states)
+        batch = hidden_states.shape[0]
+        tokens = hidden_states.reshape(-1, self.hidden_size)
+        router_logits, weights, index = _route(self, tokens, True)
+        out = run_fused_experts(experts, transposed, tokens, index, weights)
+        return out.view(batch, -1, self.hidden_size), router_logits
 
     return forward

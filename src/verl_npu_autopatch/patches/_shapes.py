@@ -86,6 +86,17 @@ class ModuleSource:
         cls = self._top(owners[0])
         return self._method(cls, name, set()) if isinstance(cls, ast.ClassDef) and len(owners) == 1 else None
 
+    def function_node(self, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The definition of top-level ``function`` or ``Class.method`` (this class only)."""
+        *owners, name = qualname.split(".")
+        scope = self._top(owners[0]) if owners else self.tree
+        if len(owners) > 1 or not isinstance(scope, (ast.ClassDef, ast.Module)):
+            return None
+        for node in scope.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                return node
+        return None
+
     def _method(self, cls: ast.ClassDef, name: str, seen: set[str]) -> Code | None:
         seen.add(cls.name)
         for node in cls.body:

@@ -5,7 +5,10 @@ release ships it but does not import it (opt-in, group ``glm52``).
 vllm-ascend 0.21 to 0.24 import that module only when the installed vLLM is *not* the paired
 release ("main2main"), so with the paired vLLM router replay under DP > 1 captures the wrong
 tokens. From 0.25.1rc1 the import is unconditional (``fixed-upstream``). Releases without the
-module (before 0.21.0rc1) are ``gated``.
+module (before 0.21.0rc1) are ``gated``; of those, 0.18 imports its own, differently named
+``patch.worker.patch_routed_experts_capturer`` unconditionally, which replaces
+``RoutedExpertsCapturer.init_buffer`` (buffers and shared memory per DP rank) and leaves
+``capture`` as vLLM ships it (the matrix says so, ``NOTES``).
 
 The target is the ``__file__`` of ``vllm_ascend.patch.worker``: the hook fires right after
 vllm-ascend applied its own worker patches (``NPUWorker.__init__`` → ``adapt_patch()``), the very
@@ -14,6 +17,7 @@ place it would have imported the module itself, and the check reads that file's 
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import sys
@@ -32,6 +36,8 @@ from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, f
 WORKER = "vllm_ascend.patch.worker"
 CAPTURE = f"{WORKER}.patch_routed_experts_capture"
 CAPTURER = "vllm.model_executor.layers.fused_moe.routed_experts_capturer"
+#: 0.18's own capturer patch (note the trailing "r"): replaces init_buffer, not capture.
+OWN_CAPTURER = f"{WORKER}.patch_routed_experts_capturer"
 CAPTURE_PARAMS = ("self", "layer_id", "topk_ids")
 
 _MISSING = object()
@@ -104,4 +110,30 @@ PATCHES = [
     ),
 ]
 
+
+def _note(tree: UpstreamTree) -> str | None:
+    """What a release without our target does instead (0.18: its own capturer patch)."""
+    worker = tree.module(WORKER)
+    if tree.module(CAPTURE) is not None or worker is None:
+        return None
+    if not imports_module_unconditionally(worker.text, OWN_CAPTURER):
+        return None
+    own = tree.module(OWN_CAPTURER)
+    replaced = sorted(
+        node.targets[0].attr
+        for node in (own.tree.body if own else [])
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Attribute)
+        and isinstance(node.targets[0].value, ast.Name)
+        and node.targets[0].value.id == "RoutedExpertsCapturer"
+    )
+    what = f"RoutedExpertsCapturer.{', '.join(replaced)}" if replaced else "RoutedExpertsCapturer"
+    return (
+        f"this release ships no {CAPTURE}; its {WORKER} imports its own {OWN_CAPTURER} unconditionally, "
+        f"which replaces {what} (capture stays vLLM's)"
+    )
+
+
 STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"ascend.routed_experts_capture": _static}
+#: Facts the matrix adds to a release's reason, whatever the state (patch name → note).
+NOTES: dict[str, Callable[[UpstreamTree], str | None]] = {"ascend.routed_experts_capture": _note}

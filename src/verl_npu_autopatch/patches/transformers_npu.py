@@ -16,10 +16,11 @@ with what it expected and found. Kernels live in ``_npu_kernels`` (imported at f
 from __future__ import annotations
 
 import re
+import sys
 from functools import partial
 from typing import Any
 
-from verl_npu_autopatch.patching import describe, mark, normalized_source, parameter_names, set_attribute
+from verl_npu_autopatch.patching import describe, mark, marked_by, normalized_source, parameter_names, set_attribute
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
 REFERENCE = "https://github.com/verl-project/verl/blob/main/verl/models/transformers/npu_patch.py"
@@ -27,7 +28,9 @@ GROUP = "transformers"
 
 #: family -> ((kind, qualname variants), ...). Kinds: ``rms_norm`` (plain or ``(1+w)``, probed),
 #: ``rms_norm_gated``, ``mlp``/``vision_mlp`` (SwiGLU), ``rotary`` (full or partial, probed),
-#: ``experts`` (fused experts, or a legacy per-expert sparse-MoE block as the second variant).
+#: ``experts`` (fused experts; else, as the second variant, the sparse-MoE block: a legacy
+#: per-expert ``ModuleList`` block, or the 4.57 Qwen3-VL-MoE block around fused experts that take
+#: dense routing weights — the engine tries the block when the experts variant is unsupported).
 MODELS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "qwen2": (
         ("rms_norm", ("Qwen2RMSNorm.forward",)),
@@ -89,7 +92,11 @@ _SUMMARIES = {
     "mlp": "SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
     "vision_mlp": "Vision SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
     "rotary": "apply_rotary_pos_emb via torch_npu.npu_rotary_mul (full or partial rotary dim).",
-    "experts": "MoE experts via npu_moe_token_permute/unpermute + npu_grouped_matmul (custom backward).",
+    "experts": (
+        "MoE experts via npu_moe_token_permute/unpermute + npu_grouped_matmul (custom backward). transformers 5.x: "
+        'registered as experts_implementation="npu_grouped_mm", the default only when the user chose none '
+        "(eager/batched_mm/grouped_mm run upstream); 4.x: the sparse-MoE block forward."
+    ),
 }
 
 
@@ -141,10 +148,25 @@ def enclosing(family: str, kind: str) -> tuple[str, ...]:
     return (experts.replace("Experts.forward", "SparseMoeBlock.forward"),)
 
 
+def shared_owner(site: Site) -> str | None:
+    """The name of another of our patches already installed on the live target, or ``None``.
+    Some releases share one class between families (transformers 4.57 ``modeling_qwen2_5_vl``
+    imports ``Qwen2RMSNorm``): the family that patched it first owns it, and the undo order stays
+    right."""
+    owner = marked_by(site.value)
+    if owner and owner != site.patch.name and owner.startswith(f"{GROUP}."):
+        cls = site.owner if isinstance(site.owner, type) else None
+        where = f" (shared class {cls.__module__}.{cls.__qualname__})" if cls else ""
+        return f"{owner}{where}"
+    return None
+
+
 # --------------------------------------------------------------------------- probes
 _EPS = re.compile(r"rsqrt\(.*?\+self\.(\w+)\)")
 _OFFSET = re.compile(r"\(1(?:\.0)?\+self\.weight")
 _GATED = re.compile(r"\*(?:ACT2FN\[self\.activation\]|F\.silu|nn\.functional\.silu|self\.act_fn)\(gate")
+_SWIGLU = re.compile(r"self\.act_fn\(gate\)\*up|up\*self\.act_fn\(gate\)")
+_FUSED_EXPERTS = re.compile(r"self\.experts=(\w+)\(config\)")
 _GATE_UP = re.compile(r"self\.gate_up_proj=nn\.Parameter\(torch\.\w+\(([^,]+),([^,]+),([^,)]+)\)")
 
 
@@ -177,6 +199,77 @@ def _require_class(site: Site) -> type:
     if not isinstance(site.owner, type):
         raise Unfit("a class holding forward", type(site.owner).__name__)
     return site.owner
+
+
+def _fused_layout(cls: type, cls_source: str) -> bool:
+    """Whether a fused experts class stores ``[E, H, 2I]`` (``True``) or ``[E, 2I, H]`` weights,
+    with a ``gate, up = chunk(2)``; ``act_fn(gate) * up`` body."""
+    layout = _GATE_UP.search(cls_source)
+    if not layout or "self.down_proj=nn.Parameter" not in cls_source:
+        raise Unfit("fused 3-D gate_up_proj and down_proj parameters", "no such parameters")
+    dims = list(layout.groups())
+    if not (dims[1].startswith("2*") or dims[2].startswith("2*")):
+        raise Unfit("gate_up_proj of shape [E, 2I, H] or [E, H, 2I]", f"[{', '.join(dims)}]")
+    if ".chunk(2,dim=-1)" not in cls_source or not _SWIGLU.search(cls_source):
+        raise Unfit("gate, up = gate_up.chunk(2); act_fn(gate) * up", "another expert body")
+    return dims[2].startswith("2*")
+
+
+def dispatcher_interface(forward: Any) -> Any | None:
+    """The ``ExpertsInterface`` a ``@use_experts_implementation`` dispatcher ``forward`` reads
+    (from its closure), or ``None`` when ``forward`` is not such a dispatcher."""
+    forward = getattr(forward, "__func__", forward)
+    code = getattr(forward, "__code__", None)
+    if code is None or not hasattr(forward, "__wrapped__") or "experts_interface" not in code.co_freevars:
+        return None
+    interface = forward.__closure__[code.co_freevars.index("experts_interface")].cell_contents
+    if not (hasattr(type(interface), "register") and hasattr(interface, "get_interface")):
+        return None
+    return interface
+
+
+def default_hook_owner() -> Any | None:
+    """The class whose ``get_correct_experts_implementation`` picks the default, or ``None``."""
+    module = sys.modules.get("transformers.modeling_utils")
+    cls = getattr(module, "PreTrainedModel", None)
+    return cls if callable(getattr(cls, "get_correct_experts_implementation", None)) else None
+
+
+def _dispatched(forward: Any) -> bool:
+    """Whether ``forward`` is transformers' ``@use_experts_implementation`` dispatcher (then the
+    kernel is registered as an experts implementation instead of replacing it)."""
+    if dispatcher_interface(forward) is None:
+        return False
+    if default_hook_owner() is None:
+        raise Unfit(
+            "PreTrainedModel.get_correct_experts_implementation beside the experts dispatcher",
+            "no such method",
+        )
+    return True
+
+
+def _probe_block(site: Site, cls: type, cls_source: str, forward_source: str) -> dict[str, Any]:
+    """A sparse-MoE block: legacy (``ModuleList`` of per-expert MLPs, transformers 4.x) or one
+    fused experts module called with dense routing weights (4.57 Qwen3-VL-MoE)."""
+    if "self.gate=nn.Linear(" not in cls_source or "self.top_k" not in cls_source:
+        raise Unfit("a sparse-MoE block with a linear gate and top_k", "another block structure")
+    if "nn.ModuleList(" in cls_source and "returnfinal_hidden_states,router_logits" in forward_source:
+        return {"block": "legacy"}
+    fused = _FUSED_EXPERTS.search(cls_source)
+    experts_cls = getattr(site.module, fused.group(1), None) if fused else None
+    if (
+        not isinstance(experts_cls, type)
+        or "self.experts(hidden_states,router_weights,router_indices)" not in forward_source
+        or "routing_weights=routing_weights/routing_weights.sum(dim=-1,keepdim=True)" not in forward_source
+        or "returnrouted_out,router_logits" not in forward_source
+    ):
+        raise Unfit(
+            "legacy block (ModuleList experts, returns (hidden, router_logits)) or fused block "
+            "(experts(hidden, router_weights, router_indices), renormalised top-k, returns (hidden, router_logits))",
+            "another block structure",
+        )
+    experts_source = _source(experts_cls, experts_cls.__qualname__)
+    return {"block": "fused", "transposed": _fused_layout(experts_cls, experts_source)}
 
 
 def probe(kind: str, site: Site) -> dict[str, Any]:
@@ -221,35 +314,12 @@ def probe(kind: str, site: Site) -> dict[str, Any]:
         return {}
     if kind == "experts":
         if names == ("self", "hidden_states", "top_k_index", "top_k_weights"):
-            layout = _GATE_UP.search(cls_source)
-            if not layout or "self.down_proj=nn.Parameter" not in cls_source:
-                raise Unfit("fused 3-D gate_up_proj and down_proj parameters", "no such parameters")
-            dims = [d for d in layout.groups()]
-            if dims[1].startswith("2*"):
-                transposed = False
-            elif dims[2].startswith("2*"):
-                transposed = True
-            else:
-                raise Unfit("gate_up_proj of shape [E, 2I, H] or [E, H, 2I]", f"[{', '.join(dims)}]")
-            forward_source = _source(value, "forward")
-            if ".chunk(2,dim=-1)" not in forward_source or "self.act_fn(gate)*up" not in forward_source:
-                raise Unfit("gate, up = gate_up.chunk(2); act_fn(gate) * up", "another expert body")
-            return {"legacy": False, "transposed": transposed}
+            transposed = _fused_layout(cls, cls_source)
+            return {"block": None, "transposed": transposed, "dispatched": _dispatched(value)}
         if names == ("self", "hidden_states") and cls.__name__.endswith("SparseMoeBlock"):
-            forward_source = _source(value, "forward")
-            if (
-                "nn.ModuleList(" not in cls_source
-                or "self.gate=nn.Linear(" not in cls_source
-                or "self.top_k" not in cls_source
-                or "returnfinal_hidden_states,router_logits" not in forward_source
-            ):
-                raise Unfit(
-                    "legacy block: linear gate, ModuleList experts, top_k, returns (hidden, router_logits)",
-                    "another block structure",
-                )
-            return {"legacy": True}
+            return _probe_block(site, cls, cls_source, _source(value, "forward"))
         raise Unfit(
-            "Experts.forward(self, hidden_states, top_k_index, top_k_weights) or legacy "
+            "Experts.forward(self, hidden_states, top_k_index, top_k_weights) or "
             "SparseMoeBlock.forward(self, hidden_states)",
             f"{getattr(cls, '__name__', '?')}.forward({', '.join(names)})",
         )
@@ -286,8 +356,14 @@ def fix(kind: str, site: Site) -> Undo:
         replacement = kernels.rms_norm_gated(original, found["eps_attr"])
     elif kind in ("mlp", "vision_mlp"):
         replacement = kernels.swiglu_mlp(original)
-    elif found["legacy"]:
+    elif found["block"] == "legacy":
         replacement = kernels.legacy_moe_block(original)
+    elif found["block"] == "fused":
+        replacement = kernels.fused_moe_block(original, found["transposed"])
+    elif found["dispatched"]:
+        from verl_npu_autopatch.patches import _experts_interface
+
+        return _experts_interface.register(site.owner, found["transposed"], site.patch.name)
     else:
         replacement = kernels.fused_experts(original, found["transposed"])
     return install(site.owner, site.attribute, replacement, site.patch.name)
@@ -308,7 +384,7 @@ def family_patches(family: str, module: str | None = None) -> list[Patch]:
             default=True,
             check=partial(check, kind),
             fix=partial(fix, kind),
-            yields_to=(liger_owner, verl_owner),
+            yields_to=(liger_owner, verl_owner, shared_owner),
             via=tuple(Target(module, qualname) for qualname in enclosing(family, kind)),
         )
         for kind, variants in MODELS[family]

@@ -37,8 +37,10 @@ wrapper, not the wrapper, so the layout is flipped at most once.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
+from verl_npu_autopatch.patches._shapes import UpstreamTree
 from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, claim, over_verl, peel
 from verl_npu_autopatch.patching import describe, parameter_names, replace_method
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
@@ -107,16 +109,21 @@ def make_weight_loader(live: Any) -> Any:
     return claim(weight_loader, WEIGHT_LOADER_MARKER)
 
 
+def parameters_rule(qualname: str, names: tuple[str, ...] | None, what: str) -> Verdict:
+    """Apply when the loader ``qualname`` (described as ``what``) has the known parameter list."""
+    if names != EXPECTED_PARAMETERS:
+        found = "no inspectable signature" if names is None else f"({', '.join(names)})"
+        return unsupported(f"{qualname}({', '.join(EXPECTED_PARAMETERS)})", f"{what}{found}")
+    return APPLY
+
+
 def check(site: Site) -> Verdict:
     """The live loader must be a method of a class with the known parameter list."""
     if not isinstance(site.owner, type):
         return unsupported("weight_loader defined on a layer class", f"owner {site.owner!r}")
-    names = parameter_names(site.value)
-    if names != EXPECTED_PARAMETERS:
-        found = "no inspectable signature" if names is None else f"({', '.join(names)})"
-        return unsupported(
-            f"{site.target.qualname}({', '.join(EXPECTED_PARAMETERS)})", f"{describe(site.value)}{found}"
-        )
+    verdict = parameters_rule(site.target.qualname, parameter_names(site.value), describe(site.value))
+    if verdict.action != "apply":
+        return verdict
     return over_verl(APPLY, site.value, "it also transposes square (ambiguous) expert weights")
 
 
@@ -145,3 +152,18 @@ PATCHES = [
         fix=fix,
     ),
 ]
+
+
+def _static(tree: UpstreamTree) -> Verdict:
+    """The first variant a release defines (as the engine resolves them), under the same rule."""
+    (patch,) = PATCHES
+    for target in patch.targets:
+        code = tree.code(target.module, target.qualname)
+        if code is not None:
+            verdict = parameters_rule(target.qualname, code.params, target.qualname)
+            return Verdict("apply", f"on {target}") if verdict.action == "apply" else verdict
+    return unsupported(" or ".join(str(t) for t in patch.targets), "neither in this release")
+
+
+#: Static checks for ``scripts/compat-matrix``: patch name → rule applied to a release's source.
+STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"vllm.moe_weight_loader": _static}

@@ -44,8 +44,10 @@ import ast
 import functools
 import inspect
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
+from verl_npu_autopatch.patches._shapes import UpstreamTree
 from verl_npu_autopatch.patches._verl import verl_owned
 from verl_npu_autopatch.patching import describe, replace_method
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
@@ -178,26 +180,12 @@ def _unguarded_imports(stmt: ast.stmt) -> tuple[int, int]:
     return total, unguarded
 
 
-def check(site: Site) -> Verdict:
-    """Apply only to the known upstream ``__init__`` whose flash-attn import is unguarded, or
-    over verl's replacement of it."""
-    func = getattr(site.value, "__func__", site.value)
-    signature = _signature(func)
+def rotary_rule(signature: str | None, body: list[ast.stmt] | None, what: str) -> Verdict:
+    """Decide on vLLM's own ``ApplyRotaryEmb.__init__`` from its signature text and body statements."""
     if signature != EXPECTED_SIGNATURE:
-        return unsupported(f"__init__{EXPECTED_SIGNATURE}", f"{describe(func)}{signature or ' without a signature'}")
-    verl = verl_owned(func)
-    body = _body(func, site.owner if verl else None)
+        return unsupported(f"__init__{EXPECTED_SIGNATURE}", f"{what}{signature or ' without a signature'}")
     if body is None:
         return unsupported("inspectable Python source of ApplyRotaryEmb.__init__", "no source")
-    verdict = _upstream_verdict(body)
-    if verl is None or verdict.action == "unsupported":
-        return verdict
-    upstream = "copes with a dummy flash_attn" if verdict.action == "fixed-upstream" else "needs this fix"
-    return Verdict("apply", f"replaces verl's {verl}, which drops enforce_enable (vLLM's own __init__ {upstream})")
-
-
-def _upstream_verdict(body: list[ast.stmt]) -> Verdict:
-    """The decision on the statements of vLLM's own ``__init__``."""
     imports = unguarded = 0
     unknown, seen = [], set()
     for stmt in body:
@@ -223,6 +211,18 @@ def _upstream_verdict(body: list[ast.stmt]) -> Verdict:
             "; ".join(unknown) if unknown else "only " + "; ".join(sorted(seen)),
         )
     return APPLY
+
+
+def check(site: Site) -> Verdict:
+    """Apply only to the known upstream ``__init__`` whose flash-attn import is unguarded, or
+    over verl's replacement of it."""
+    func = getattr(site.value, "__func__", site.value)
+    verl = verl_owned(func)
+    verdict = rotary_rule(_signature(func), _body(func, site.owner if verl else None), describe(func))
+    if verl is None or verdict.action == "unsupported":
+        return verdict
+    upstream = "copes with a dummy flash_attn" if verdict.action == "fixed-upstream" else "needs this fix"
+    return Verdict("apply", f"replaces verl's {verl}, which drops enforce_enable (vLLM's own __init__ {upstream})")
 
 
 def make_init(owner: type) -> Any:
@@ -271,3 +271,43 @@ PATCHES = [
         fix=fix,
     ),
 ]
+
+
+def _ast_signature(node: ast.FunctionDef) -> str:
+    """What :func:`_signature` prints, read from the definition (defaults are literals here)."""
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    parts = [
+        a.arg + ("" if d is None else f"={ast.literal_eval(d)!r}") for a, d in zip(positional, defaults, strict=True)
+    ]
+    if args.vararg:
+        parts.append("*" + args.vararg.arg)
+    elif args.kwonlyargs:
+        parts.append("*")
+    for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        parts.append(a.arg + ("" if d is None else f"={ast.literal_eval(d)!r}"))
+    if args.kwarg:
+        parts.append("**" + args.kwarg.arg)
+    return f"({', '.join(parts)})"
+
+
+def _static(tree: UpstreamTree) -> Verdict:
+    (patch,) = PATCHES
+    (target,) = patch.targets
+    module = tree.module(target.module)
+    node = module.function_node(target.qualname) if module is not None else None
+    if node is None:
+        return unsupported(str(target), f"{target.module} without it" if module else f"{target.module} is missing")
+    body = list(node.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    try:
+        signature: str | None = _ast_signature(node)
+    except ValueError:  # a non-literal default
+        signature = None
+    return rotary_rule(signature, body, target.qualname)
+
+
+#: Static checks for ``scripts/compat-matrix``: patch name → rule applied to a release's source.
+STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"vllm.rotary_flash_attn_guard": _static}

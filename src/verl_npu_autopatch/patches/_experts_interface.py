@@ -1,0 +1,117 @@
+"""Our MoE kernel as one of transformers' own experts implementations (transformers 5.x).
+
+transformers 5.x decorates fused experts classes with ``@use_experts_implementation``: their
+``forward`` is a dispatcher that looks ``config._experts_implementation`` up in an
+``ExpertsInterface`` (``eager``, ``batched_mm``, ``grouped_mm`` …), chosen by the user with
+``from_pretrained(experts_implementation=...)`` / ``set_experts_implementation(...)``, or by
+``PreTrainedModel.get_correct_experts_implementation(None)`` when the user made no choice.
+
+So the experts patch does not replace the dispatcher. It
+
+- registers :data:`NAME` (``"npu_grouped_mm"``) in the class's ``ExpertsInterface``, so the
+  kernel is a valid choice like any other;
+- makes :data:`NAME` the default for models defined in a patched modeling module, by wrapping
+  ``get_correct_experts_implementation``: only a request of ``None`` (no choice) changes; an
+  explicit ``eager`` / ``batched_mm`` / ``grouped_mm`` reaches upstream's code untouched.
+
+Undo removes the class and, with the last one, the default wrapper. The registered name stays
+(a live model's config may still name it); for a class no longer patched, or an instance the
+kernel does not fit, it runs upstream's eager forward. Imported at fix time only (torch loaded).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import Counter
+from typing import Any
+
+from verl_npu_autopatch.patches import _npu_kernels as kernels
+from verl_npu_autopatch.patches.transformers_npu import default_hook_owner, dispatcher_interface
+from verl_npu_autopatch.patching import mark, set_attribute
+from verl_npu_autopatch.spec import Undo
+
+#: The name our kernel is registered under in transformers' ``ExpertsInterface``.
+NAME = "npu_grouped_mm"
+
+_lock = threading.Lock()
+_classes: dict[type, bool] = {}  # patched experts class -> its weights are transposed ([E, H, 2I])
+_owners: Counter[type] = Counter()  # patched experts class -> number of applied patches holding it
+_modules: Counter[str] = Counter()  # modeling module -> number of patched classes (the default choice)
+_default_undo: Undo | None = None
+
+
+def installed(cls: type) -> bool:
+    """Whether ``cls``'s experts run our kernel by default now (the patch's live state)."""
+    interface = dispatcher_interface(getattr(cls, "forward", None))
+    with _lock:
+        ours = cls in _classes and _default_undo is not None
+    return ours and interface is not None and _registered(interface)
+
+
+def _registered(interface: Any) -> bool:
+    try:
+        return interface[NAME] is experts_forward
+    except KeyError:
+        return False
+
+
+def experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+    """The registered implementation: our kernel for a patched class the instance fits, else
+    upstream's eager forward (the function the dispatcher wraps)."""
+    transposed = _classes.get(type(self))
+    if transposed is None or not kernels.experts_fit(self):
+        eager = type(self).forward.__wrapped__
+        return eager(self, hidden_states, top_k_index, top_k_weights)
+    return kernels.run_fused_experts(self, transposed, hidden_states, top_k_index, top_k_weights)
+
+
+def _default_choice(original: Any) -> Any:
+    @functools.wraps(original)
+    def get_correct_experts_implementation(self: Any, requested_experts: str | None) -> str:
+        if requested_experts is None and any(c.__module__ in _modules for c in type(self).__mro__):
+            return NAME
+        return original(self, requested_experts)
+
+    return get_correct_experts_implementation
+
+
+def register(cls: type, transposed: bool, patch_name: str) -> Undo:
+    """Make the kernel ``cls``'s default experts implementation; returns the undo."""
+    global _default_undo
+    interface = dispatcher_interface(cls.forward)
+    owner = default_hook_owner()
+    if interface is None or owner is None:
+        raise RuntimeError(f"{cls.__qualname__}: no experts dispatcher or no get_correct_experts_implementation")
+    with _lock:
+        if not _registered(interface):
+            type(interface).register(NAME, mark(experts_forward, patch_name))
+        _classes[cls] = transposed
+        _owners[cls] += 1
+        _modules[cls.__module__] += 1
+        if _default_undo is None:
+            original = owner.get_correct_experts_implementation
+            _default_undo = set_attribute(
+                owner, "get_correct_experts_implementation", mark(_default_choice(original), patch_name)
+            )
+    done = False
+
+    def undo() -> None:
+        global _default_undo
+        nonlocal done
+        with _lock:
+            if done:
+                return
+            done = True
+            _owners[cls] -= 1
+            _modules[cls.__module__] -= 1
+            if _owners[cls] <= 0:
+                del _owners[cls]
+                _classes.pop(cls, None)
+            if _modules[cls.__module__] <= 0:
+                del _modules[cls.__module__]
+            if not _modules and _default_undo is not None:
+                _default_undo()
+                _default_undo = None
+
+    return undo

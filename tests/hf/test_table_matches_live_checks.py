@@ -1,0 +1,105 @@
+"""The decision table's transformers and Liger-Kernel columns for the installed releases are what
+really happens: the live checks on the imported modeling modules, and what the real
+``apply_liger_kernel_to_<family>`` rebinds when called (in a child interpreter: Liger's
+rebinding is for good)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+
+from matrix import live_sites, matrix_script
+
+from verl_npu_autopatch.patches import transformers_npu
+
+STATE = {"apply": "applies"}
+
+
+@pytest.fixture(scope="module")
+def script():
+    return matrix_script()
+
+
+def live_state(patch) -> str:
+    """What the engine records for ``patch`` here: the first variant that applies, else the first
+    variant found decides; ``absent`` without the modeling module."""
+    sites = live_sites(patch)
+    if not sites:
+        return "absent"
+    verdicts = [patch.check(site) for site in sites]
+    chosen = next((v for v in verdicts if v.action == "apply"), verdicts[0])
+    return STATE.get(chosen.action, chosen.action)
+
+
+def test_transformers_column_matches_the_live_checks(script):
+    version = importlib.metadata.version("transformers")
+    if version not in script.TRANSFORMERS_VERSIONS:
+        pytest.skip(f"transformers {version} is not a column of the table")
+    try:
+        rows = script.TRANSFORMERS.compute()
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download the transformers releases of the table from PyPI: {exc}")
+    table = {name: cells[version][0] for name, _, cells in rows}
+    live = {patch.name: live_state(patch) for patch in transformers_npu.PATCHES}
+    assert live == table
+    assert "applies" in set(live.values())
+
+
+CHILD = textwrap.dedent(
+    """
+    import importlib, inspect, json, sys
+    from liger_kernel.transformers import monkey_patch
+    from verl_npu_autopatch.patches import transformers_npu
+
+    found, failed = {}, {}
+    for family in transformers_npu.MODELS:
+        apply = getattr(monkey_patch, f"apply_liger_kernel_to_{family}", None)
+        if apply is None:
+            continue
+        module = importlib.import_module(transformers_npu.module_name(family))
+        params = inspect.signature(apply).parameters
+        switches = [s for s in params if s != "model" and isinstance(params[s].default, bool)]
+        before = dict(vars(module))
+        try:
+            apply(**{s: s in ("rope", "rms_norm", "swiglu") for s in switches})
+        except Exception as exc:  # e.g. a Liger model module that does not import with this transformers
+            failed[family] = f"{type(exc).__name__}: {exc}"
+            continue
+        found[family] = sorted(k for k, v in vars(module).items() if before.get(k) is not v)
+    print(json.dumps({"found": found, "failed": failed}))
+    """
+)
+
+
+def test_liger_column_is_what_liger_really_rebinds(script):
+    version = importlib.metadata.version("liger-kernel")
+    if version not in script.LIGER_VERSIONS:
+        pytest.skip(f"liger-kernel {version} is not a column of the table")
+    (artifact,) = [a for a in script.LIGER.columns if a.version == version]
+    try:
+        tree = script.LIGER.tree(artifact, script.CACHE)
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download liger-kernel {version} from PyPI: {exc}")
+    monkey_patch = tree.module(script.LIGER_FILE[: -len(".py")].replace("/", "."))
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    rebound = result["found"]
+    assert {"qwen2", "qwen3", "qwen3_moe"} <= set(rebound), result["failed"]
+    for family, names in rebound.items():
+        replaced = script.liger_replacements(monkey_patch.function_node(f"apply_liger_kernel_to_{family}"))
+        expected = {
+            entry.split(" ")[0]
+            for switch in ("rope", "rms_norm", "swiglu")
+            for entry in replaced.get(switch, [])
+            if "not IS_TRANSFORMERS_V5_OR_LATER" not in entry and "." not in entry.split(" ")[0] and entry[0] != "!"
+        }
+        assert set(names) == expected, family

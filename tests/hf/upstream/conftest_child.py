@@ -1,0 +1,29 @@
+"""``conftest.py`` of the child pytest: the torch_npu test double, our transformers patches active
+in a private engine, and at the end a JSON summary (records, emulated op calls) for the parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.environ["AUTOPATCH_HF_TESTS"])
+
+import npu_emulation
+
+from verl_npu_autopatch.config import Config
+from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.patches import transformers_npu
+
+sys.modules["torch_npu"] = npu_emulation
+ENGINE = Engine(transformers_npu.PATCHES, Config(device="npu"))
+ENGINE.activate("upstream-mixin")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    summary = {
+        "records": {n: [r.state, r.reason, r.target] for n, r in ENGINE.records.items()},
+        "calls": dict(npu_emulation.calls),
+    }
+    with open(os.environ["AUTOPATCH_SUMMARY"], "w") as out:
+        json.dump(summary, out)

@@ -1,0 +1,50 @@
+"""``scripts/compat-matrix`` as a module, and live sites built the way the engine resolves them,
+so every suite can compare the decision table with the live check on the installed upstream."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "compat-matrix"
+
+
+def matrix_script() -> types.ModuleType:
+    """``scripts/compat-matrix`` imported as a module (it has no ``.py`` suffix)."""
+    name = "compat_matrix_script"
+    if name in sys.modules:
+        return sys.modules[name]
+    loader = importlib.machinery.SourceFileLoader(name, str(SCRIPT))
+    spec = importlib.util.spec_from_loader(name, loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
+
+def live_sites(patch: Any) -> list[Any]:
+    """A :class:`~verl_npu_autopatch.spec.Site` per variant of ``patch`` present in the installed
+    packages (modules imported), in variant order, as ``Engine._resolve`` builds them."""
+    from verl_npu_autopatch.spec import Site
+
+    sites = []
+    for target in patch.targets:
+        try:
+            module = importlib.import_module(target.module)
+        except ImportError:
+            continue
+        owner: Any = module
+        *path, attribute = target.qualname.split(".")
+        for part in path:
+            owner = getattr(owner, part, None)
+        value = inspect.getattr_static(owner, attribute, None) if owner is not None else None
+        if value is not None:
+            sites.append(Site(patch, target, module, owner, attribute, value))
+    return sites
