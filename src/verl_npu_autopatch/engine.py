@@ -658,6 +658,8 @@ def _blocked_on_us(activator: int) -> bool:
         return False
     except Exception:
         return False
+
+
 def _installed_reason(variants: tuple[Target, ...], target: Target, rejected: dict[Target, str]) -> str:
     """``fix installed``; after a passed-over variant, also which variant and why the others were
     passed over (the record's ``target`` always names the variant applied)."""
