@@ -21,7 +21,7 @@ __all__ = ["Patch", "Target", "activate", "report", "revert"]
 
 #: Top-level packages whose first import activates the engine. ``tests`` check that every
 #: built-in patch target lives under one of these.
-WATCHED = frozenset({"vllm", "vllm_ascend", "transformers", "liger_kernel"})
+WATCHED = frozenset({"vllm", "vllm_ascend", "transformers", "liger_kernel", "tensordict", "torch_npu", "megatron"})
 
 _FALSY = frozenset({"0", "false", "no", "off"})
 
