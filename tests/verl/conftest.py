@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ascend"))  # upstream.py (load_subset, matrix_script)
 
 import tensordict  # noqa: F401  (the process-wide engine decides "inactive" now: no torch_npu here)
 

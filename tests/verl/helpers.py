@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ascend"))  # upstream.py
-
-import upstream
+import upstream  # tests/ascend/upstream.py, on sys.path through conftest.py
 
 from verl_npu_autopatch.config import Config
 from verl_npu_autopatch.engine import Engine
