@@ -10,3 +10,8 @@ from torch_npu.utils.npu_intercept import _add_intercept_methods
 
 if os.environ.get("STANDIN_TORCH_NPU_INTERCEPT", "1") == "1":
     _add_intercept_methods()
+
+
+def _autoload():
+    """torch's device-backend autoload entry point (``torch.backends``: ``torch_npu:_autoload``);
+    importing the package was the work, as for the real one (``bench/torch_autoload.py``)."""
