@@ -19,7 +19,8 @@ processes, interleaved rounds; each child times ``import torch`` in-process:
   ``import torch``, loads the catalogue, imports wrapt and applies the nested-tensor patch).
 
 A multi-second ``import torch`` on a loaded 2-core VM hides millisecond effects, so it also times
-the activation directly (``DIRECT`` below), as ``bench/import_vllm.py`` does for vLLM.
+the activation directly (``DIRECT`` below: wall and CPU time, next to ``import torch`` in the same
+process, and their ratio), as ``bench/import_vllm.py`` does for vLLM.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import ROOT, clean_env, interleave, report, spawn_timed, summary
+from _bench import ROOT, clean_env, interleave, median, report, spawn_timed, summary
 
 STANDIN = ROOT / "tests" / "verl" / "standin" / "torch_npu"
 
@@ -57,16 +59,18 @@ print(json.dumps([dt, "torch_npu" in sys.modules, state, "wrapt" in sys.modules]
 #: ``import torch``.
 DIRECT = """
 import os, sys, time, json
+t = time.perf_counter(); cpu = time.process_time()
 import torch, verl_npu_autopatch
+torch_wall, torch_cpu = time.perf_counter() - t, time.process_time() - cpu
 del os.environ["VERL_NPU_AUTOPATCH"]
-t = time.perf_counter()
+t = time.perf_counter(); cpu = time.process_time()
 verl_npu_autopatch.activate()
-dt = time.perf_counter() - t
+wall, used = time.perf_counter() - t, time.process_time() - cpu
 report = verl_npu_autopatch.report()
 state = report.status + ", " + ", ".join(
     f"{r.name}: {r.state}" for r in report.records if r.name == "torch_npu.nested_tensor_intercept"
 )
-print(json.dumps([dt, "torch_npu" in sys.modules, state, "wrapt" in sys.modules]))
+print(json.dumps([[wall, used, torch_wall, torch_cpu], "torch_npu" in sys.modules, state, "wrapt" in sys.modules]))
 """
 
 
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = str(backend_dir(where))
 
-        def child(name: str, code: str = CHILD, **env: str) -> float:
+        def child(name: str, code: str = CHILD, **env: str) -> Any:
             elapsed, npu, state, wrapt = json.loads(spawn_timed([args.python, "-c", code], clean_env(**env))[2])
             seen.setdefault(name, set()).add(f"torch_npu imported: {npu}; engine: {state}; wrapt imported: {wrapt}")
             return elapsed
@@ -108,18 +112,23 @@ def main(argv: list[str] | None = None) -> int:
         samples = interleave(
             {name: functools.partial(child, name, **env) for name, env in variants.items()}, args.rounds
         )
-        direct = {
-            "activate() after import torch": [
-                child("direct", DIRECT, PYTHONPATH=path, VERL_NPU_AUTOPATCH="0") for _ in range(args.rounds)
-            ]
-        }
+        times = [child("direct", DIRECT, PYTHONPATH=path, VERL_NPU_AUTOPATCH="0") for _ in range(args.rounds)]
+        names = ("activate(), wall", "activate(), CPU", "import torch, wall", "import torch, CPU")
+        direct = {name: [sample[index] for sample in times] for index, name in enumerate(names)}
+        share = [a / b for a, _, b, _ in times], [a / b for _, a, _, b in times]
         report(
             "import torch with the torch_npu backend autoloaded",
             {
                 "`import torch`, in-process (ms)": summary(samples, "off", "ms", 1e3),
-                "activation alone, in-process (ms)": summary(direct, "activate() after import torch", "ms", 1e3),
+                "activation alone vs import torch, same processes (ms)": summary(direct, names[2], "ms", 1e3),
             },
-            {"python": args.python, "rounds": args.rounds, "children saw": {k: sorted(v) for k, v in seen.items()}},
+            {
+                "python": args.python,
+                "rounds": args.rounds,
+                "activate() / import torch (median of per-process ratios), wall": round(median(share[0]), 4),
+                "activate() / import torch (median of per-process ratios), CPU": round(median(share[1]), 4),
+                "children saw": {k: sorted(v) for k, v in seen.items()},
+            },
             args.json,
         )
     finally:
