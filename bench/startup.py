@@ -8,6 +8,11 @@ wrapt``). Measured in interleaved rounds: the wall time and child CPU time of ``
 and, in-process, how long ``site.main()`` (the ``.pth`` processing) takes.
 
     python3 bench/startup.py --python .envs/runner-3.11-*/bin/python [--wheel dist/x.whl] [--rounds 300]
+        [--compare other.whl]
+
+``--compare`` adds a fourth venv, *compare*, with another build of the package (e.g. the main
+branch's), measured in the same interleaved rounds: the paired difference *package - compare*
+is what a change costs at start-up.
 
 ``--python`` must have pip >= 22.3 (``pip --python``); the venvs use its base interpreter.
 """
@@ -27,15 +32,17 @@ from _bench import ROOT, clean_env, interleave, report, run, spawn_timed, summar
 SITE_MAIN = "import time; t = time.perf_counter(); import site; site.main(); print(time.perf_counter() - t)"
 
 
-def make_venvs(python: str, wheel: Path, where: Path) -> dict[str, Path]:
-    """The three venvs; returns ``{variant: its python}``."""
+def make_venvs(python: str, wheel: Path, where: Path, compare: Path | None = None) -> dict[str, Path]:
+    """The three venvs (four with ``compare``); returns ``{variant: its python}``."""
     base = run([python, "-c", "import sys; print(sys._base_executable)"]).strip()
     found = {}
-    for name in ("plain", "package", "wrapt-pth"):
+    for name in ("plain", "package", "wrapt-pth", *(("compare",) if compare else ())):
         run([base, "-m", "venv", "--without-pip", where / name])
         found[name] = where / name / "bin" / "python"
     pip = [python, "-m", "pip", "--python"]
     run([*pip, found["package"], "install", "-q", "--disable-pip-version-check", wheel])
+    if compare:
+        run([*pip, found["compare"], "install", "-q", "--disable-pip-version-check", compare])
     run([*pip, found["wrapt-pth"], "install", "-q", "--disable-pip-version-check", "wrapt"])
     purelib = run([found["wrapt-pth"], "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
     Path(purelib, "kvcached_like.pth").write_text("import wrapt\n")
@@ -46,13 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", default=sys.executable, help="interpreter with pip (its base makes the venvs)")
     parser.add_argument("--wheel", type=Path, help="the wheel (default: the newest in dist/)")
+    parser.add_argument("--compare", type=Path, help="another wheel of the package, measured alongside")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     wheel = args.wheel or max((ROOT / "dist").rglob("verl_npu_autopatch-*.whl"), key=lambda p: p.stat().st_mtime)
     where = Path(tempfile.mkdtemp(prefix="vna-bench-startup-"))
     try:
-        pythons = make_venvs(args.python, wheel, where)
+        pythons = make_venvs(args.python, wheel, where, args.compare)
         env = clean_env()
 
         def wall(python: Path, *flags: str) -> tuple[float, float]:
@@ -74,16 +82,25 @@ def main(argv: list[str] | None = None) -> int:
             site_main(pythons[name])
         walls = interleave({name: functools.partial(timed, name) for name in pythons}, args.rounds)
         sites = interleave({name: functools.partial(site_main, p) for name, p in pythons.items()}, args.rounds)
+        tables = {
+            "process wall time of `python -c pass` (ms)": summary(walls, "plain", "ms", 1e3),
+            "child CPU time (user+sys) of `python -c pass` (ms)": summary(cpu, "plain", "ms", 1e3),
+            "in-process `site.main()` (.pth processing) (ms)": summary(sites, "plain", "ms", 1e3),
+        }
+        if args.compare:
+            pair = ("compare", "package")
+            tables["package vs compare: wall (ms)"] = summary({k: walls[k] for k in pair}, "compare", "ms", 1e3)
+            tables["package vs compare: child CPU (ms)"] = summary({k: cpu[k] for k in pair}, "compare", "ms", 1e3)
+            tables["package vs compare: `site.main()` (ms)"] = summary(
+                {k: sites[k] for k in pair}, "compare", "ms", 1e3
+            )
         report(
             "Idle start-up: python -c pass",
-            {
-                "process wall time of `python -c pass` (ms)": summary(walls, "plain", "ms", 1e3),
-                "child CPU time (user+sys) of `python -c pass` (ms)": summary(cpu, "plain", "ms", 1e3),
-                "in-process `site.main()` (.pth processing) (ms)": summary(sites, "plain", "ms", 1e3),
-            },
+            tables,
             {
                 "python": run([pythons["plain"], "-c", "import sys; print(sys.version.split()[0])"]).strip(),
                 "wheel": wheel.name,
+                "compare": args.compare.name if args.compare else "-",
                 "rounds": args.rounds,
             },
             args.json,

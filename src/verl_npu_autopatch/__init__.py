@@ -27,7 +27,9 @@ __all__ = ["Patch", "Target", "activate", "report", "revert"]
 
 #: Top-level packages whose first import activates the engine. ``tests`` check that every
 #: built-in patch target lives under one of these.
-WATCHED = frozenset({"vllm", "vllm_ascend", "transformers", "liger_kernel", "verl"})
+WATCHED = frozenset(
+    {"vllm", "vllm_ascend", "transformers", "liger_kernel", "verl", "tensordict", "torch_npu", "megatron"}
+)
 
 #: Values of ``VERL_NPU_AUTOPATCH`` (any case) that switch the package off.
 _FALSY = frozenset({"0", "false", "no", "off", "n", "f", "disable", "disabled", "none", "never"})

@@ -18,6 +18,9 @@ FAMILIES: tuple[str, ...] = (
     "ascend_capture",
     "vllm_engine",
     "verl_vllm",
+    "tensordict_sync",
+    "torch_npu_nested",
+    "megatron_mtp",
 )
 
 #: Entry-point group for third-party patch specs. An entry point may name a ``Patch``, an

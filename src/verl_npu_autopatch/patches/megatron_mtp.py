@@ -1,0 +1,87 @@
+"""``megatron.mtp_postprocess``: ``GPTModel._postprocess`` skips Multi-Token Prediction when
+``mtp_num_layers`` is ``0``.
+
+megatron-core 0.16 enters the MTP branch of ``_postprocess`` on ``mtp_num_layers is not None`` and
+starts it with ``labels.clone()``. verl builds its configs with ``mtp_num_layers = 0`` for models
+without MTP layers and computes log-probs without labels, so the call crashes on
+``None.clone()`` (verl PR #6374). The fix hides a falsy, non-``None`` ``mtp_num_layers`` as
+``None`` for the duration of the call and restores it afterwards, also when the call raises.
+From 0.17.0 (first: 0.17.0rc0) megatron-core tests ``mtp_num_layers`` for truth
+(``fixed-upstream``, decided from the live source). megatron-core 0.15 and older guard the
+branch with ``self.mtp_process`` instead (``unsupported``: the fix was not written for them).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from verl_npu_autopatch.patches._shapes import Code, UpstreamTree
+from verl_npu_autopatch.patching import replace_method
+from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+
+GPT = "megatron.core.models.gpt.gpt_model"
+TRUTHY = "ifself.config.mtp_num_layers:"
+NOT_NONE = "ifself.config.mtp_num_layersisnotNone:"
+CLONE = "labels.clone()"
+
+
+def postprocess_rule(postprocess: Code) -> Verdict:
+    """Decide on ``GPTModel._postprocess``."""
+    source = postprocess.source or ""
+    if TRUTHY in source:
+        return fixed_upstream("_postprocess tests mtp_num_layers for truth: 0 skips the MTP branch")
+    if NOT_NONE in source and CLONE in source[source.index(NOT_NONE) :]:
+        return APPLY
+    found = "no source" if not source else "another MTP guard"
+    if "ifself.mtp_process:" in source:
+        found = "the MTP branch guarded by self.mtp_process (megatron-core 0.15 and older)"
+    return unsupported("_postprocess entering MTP on `mtp_num_layers is not None`, then labels.clone()", found)
+
+
+def _check(site: Site) -> Verdict:
+    return postprocess_rule(Code.live(site.value))
+
+
+def _fix(site: Site) -> Undo:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def _postprocess(self: Any, *args: Any, **kwargs: Any) -> Any:
+            config = self.config
+            layers = config.mtp_num_layers
+            if layers is None or layers:
+                return original(self, *args, **kwargs)
+            config.mtp_num_layers = None  # 0 means "no MTP": take the branch-free path
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                config.mtp_num_layers = layers
+
+        return _postprocess
+
+    return replace_method(site.owner, site.attribute, make, site.patch.name)
+
+
+def static(tree: UpstreamTree) -> Verdict:
+    """``postprocess_rule`` on a release's source (``scripts/compat-matrix``)."""
+    code = tree.code(GPT, "GPTModel._postprocess")
+    if code is None:
+        return unsupported(f"{GPT}:GPTModel._postprocess", f"{GPT} without it")
+    return postprocess_rule(code)
+
+
+PATCHES = [
+    Patch(
+        name="megatron.mtp_postprocess",
+        summary="GPTModel._postprocess treats mtp_num_layers == 0 as no MTP (no labels.clone() on None labels).",
+        reference="https://github.com/verl-project/verl/pull/6374",
+        groups=("megatron",),
+        targets=(Target.parse(f"{GPT}:GPTModel._postprocess"),),
+        check=_check,
+        fix=_fix,
+    ),
+]
+
+#: Release checks for ``scripts/compat-matrix``: patch name → rule over an ``UpstreamTree``.
+STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"megatron.mtp_postprocess": static}

@@ -1,0 +1,38 @@
+"""``docs/verl.md`` "Parity with verl 0.9.1" cites only patches that exist in the catalogue."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from verl_npu_autopatch import catalog
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
+HEADING = "## Parity with verl 0.9.1"
+#: verl's runtime patch sites that are verl's own wiring, not fixes of another package's code.
+STAYS = 4
+
+
+def _rows() -> list[list[str]]:
+    text = DOC.read_text(encoding="utf-8")
+    assert HEADING in text, f"{DOC} has no '{HEADING}' section"
+    section = text.split(HEADING, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if re.match(r"\| \d+ \|", line)]
+    return [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows]
+
+
+def test_every_cited_patch_exists_and_every_site_is_accounted_for() -> None:
+    rows = _rows()
+    assert [int(row[0]) for row in rows] == list(range(1, len(rows) + 1)) and len(rows) == 25
+    known = {patch.name for patch in catalog.builtin()}
+    prefixes = tuple(f"{family}." for family in ("vllm", "ascend", "transformers", "liger", "tensordict"))
+    prefixes += ("torch_npu.", "megatron.")
+    cited: set[str] = set()
+    for number, _file, _target, _when, ours in rows:
+        names = [n for n in re.findall(r"`([a-z0-9_.]+)`", ours) if n.startswith(prefixes) and "." in n]
+        stays = ours.startswith("stays in verl")
+        assert names or stays or ours.startswith("not needed"), f"row {number} names no patch and no reason"
+        cited.update(names)
+    assert cited - known == set(), f"docs/verl.md cites patches that do not exist: {sorted(cited - known)}"
+    assert sum(row[4].startswith("stays in verl") for row in rows) == STAYS
+    assert {"tensordict.npu_sync", "torch_npu.nested_tensor_intercept", "megatron.mtp_postprocess"} <= cited

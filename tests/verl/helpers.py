@@ -1,0 +1,35 @@
+"""Helpers of the tensordict / torch_npu / megatron-core patch tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import upstream  # tests/ascend/upstream.py, on sys.path through conftest.py
+
+from verl_npu_autopatch.config import Config
+from verl_npu_autopatch.engine import Engine
+
+
+def release_root(project: str, version: str) -> Path:
+    """Source root of a release from the decision table's list (downloaded once, cached)."""
+    script = upstream.matrix_script()
+    (artifact,) = [a for a in script.RUNTIME_RELEASES if a.project == project and a.version == version]
+    try:
+        return script.extract(artifact, script.RUNTIME_FILES[project])
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download {artifact.filename} from PyPI: {exc}")
+
+
+def start(engines: list[Engine], patches: list) -> Engine:
+    """An activated private engine over ``patches``, device forced to NPU, closed by the fixture."""
+    engine = Engine(patches, Config(device="npu"))
+    engines.append(engine)
+    engine.activate()
+    return engine
+
+
+def record(engine: Engine, name: str) -> tuple[str, str]:
+    """``(state, reason)`` of patch ``name``."""
+    found = {r.name: r for r in engine.report().records}[name]
+    return found.state, found.reason
