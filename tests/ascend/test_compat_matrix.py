@@ -147,6 +147,8 @@ def test_latest_is_quiet_when_the_newest_release_is_the_table_column(monkeypatch
     monkeypatch.setattr(script, "newest_version", lambda project: script.VLLM.columns[-1].version)
     assert script.latest([script.VLLM]) == 0
     assert "no change" in capsys.readouterr().out
+
+
 def test_runtime_fix_rows_decide_from_the_real_release_sources():
     script = upstream.matrix_script()
     cells = {name: {version: state for version, state, _ in row} for _, name, row in script.compute_runtime()}
