@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.patches._shapes import Code, UpstreamTree
+from verl_npu_autopatch.patches._verl import yield_to_verl
 from verl_npu_autopatch.patching import replace_method
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
 
@@ -80,6 +81,7 @@ PATCHES = [
         targets=(Target.parse(f"{GPT}:GPTModel._postprocess"),),
         check=_check,
         fix=_fix,
+        yields_to=(yield_to_verl(),),  # verl's own copy (equivalent) replaces or wraps ours
     ),
 ]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -99,6 +100,13 @@ def _other_owner(site: Site) -> str | None:
     return "; ".join(foreign) or None
 
 
+def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+
+
 def _fix(site: Site) -> Undo:
     undos = []
     for name, fn in _live(site).items():
@@ -110,6 +118,10 @@ def _fix(site: Site) -> Undo:
         def unintercepted(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
             return _original(*args, **kwargs)
 
+        # No ``__wrapped__``: verl's ``import verl`` restores ``__wrapped__`` of whatever is there,
+        # which would replace ours and leave the record claiming a target it no longer holds.
+        del unintercepted.__wrapped__
+        unintercepted.__signature__ = _signature(original)
         undos.append(set_attribute(site.owner, name, mark(unintercepted, site.patch.name)))
     return chain(*undos)
 
