@@ -114,29 +114,24 @@ def _module_of(obj: Any) -> str:
     return getattr(getattr(obj, "__func__", obj), "__module__", None) or ""
 
 
-def liger_owner(site: Site) -> str | None:
-    """``"liger-kernel (<function>)"`` when the live target comes from liger_kernel, else ``None``
-    (the value itself, or the class holding it when Liger rebound the class name)."""
-    candidates = [site.value]
-    if isinstance(site.owner, type):
-        candidates.append(site.owner)
-    for obj in candidates:
-        if _module_of(obj).split(".")[0] == "liger_kernel":
-            return f"liger-kernel ({describe(site.value)})"
+def _package_owner(site: Site, package: str, label: str) -> str | None:
+    """``"<label> (<function>)"`` when the live value, or the class holding it (rebound by the
+    other owner), comes from top-level package ``package``, else ``None``."""
+    candidates = [site.value, *([site.owner] if isinstance(site.owner, type) else [])]
+    if any(_module_of(obj).split(".")[0] == package for obj in candidates):
+        return f"{label} ({describe(site.value)})"
     return None
+
+
+def liger_owner(site: Site) -> str | None:
+    """Liger-Kernel replaced the target (or rebound the class holding it)."""
+    return _package_owner(site, "liger_kernel", "liger-kernel")
 
 
 def verl_owner(site: Site) -> str | None:
-    """``"verl (<module.qualname>)"`` when the live target (or the class holding it, which verl
-    rebinds for Qwen3-VL-MoE's block) comes from verl's in-tree ``npu_patch``: the same torch_npu
-    kernels, so either may run; the record names who does."""
-    candidates = [site.value]
-    if isinstance(site.owner, type):
-        candidates.append(site.owner)
-    for obj in candidates:
-        if _module_of(obj).split(".")[0] == "verl":
-            return f"verl ({describe(site.value)})"
-    return None
+    """verl's in-tree ``npu_patch`` replaced the target (or rebound the class holding it, as for
+    Qwen3-VL-MoE's block): the same torch_npu kernels, so either may run; the record names who does."""
+    return _package_owner(site, "verl", "verl")
 
 
 def enclosing(family: str, kind: str) -> tuple[str, ...]:
