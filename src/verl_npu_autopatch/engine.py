@@ -535,20 +535,25 @@ class Engine:
         """Undo applied patches (all, one by name, or a group); returns the names reverted.
 
         Records are re-verified first: a patch another owner displaced (``superseded`` or
-        ``yielded``) is left alone, so the live owner is never clobbered; the log says why."""
+        ``yielded``) keeps its record and the live owner keeps the target; only what is still
+        ours elsewhere (a registration, a default hook) is removed, since every undo acts only
+        where our value is still in place. The log says why it was not reverted."""
         self.verify()
         done = []
         for patch_name in self._matching(name):
             record = self.records[patch_name]
             with self._lock:
-                if patch_name in self._installed and record.state != "applied":
-                    displaced = f"{record.state}: {record.reason}"
-                else:
-                    displaced = ""
-                    undo = self._undo.pop(patch_name, None)
-                    self._installed.pop(patch_name, None)
+                displaced = record.state != "applied" and patch_name in self._installed
+                displaced_why = f"{record.state}: {record.reason}"
+                undo = self._undo.pop(patch_name, None)
+                self._installed.pop(patch_name, None)
             if displaced:
-                self._logger().info("%s: not reverted, the live target is not ours (%s)", patch_name, displaced)
+                self._logger().info("%s: not reverted, the live target is not ours (%s)", patch_name, displaced_why)
+                if undo is not None:
+                    try:
+                        undo()  # our leftovers elsewhere; the displaced target is left to its owner
+                    except Exception:
+                        self._logger().debug("removing %s's other changes raised", patch_name, exc_info=True)
                 continue
             if undo is None:
                 continue
@@ -596,7 +601,7 @@ class Engine:
 
         with self._lock:
             where, record = self._installed.get(name), self.records.get(name)
-            if where is None or record is None or self._closed or where.value is ownership.UNCHECKED:
+            if where is None or record is None or self._closed:
                 return False
             found = ownership.lookup(where.module, where.target.qualname)
             if found is None or found[1] is where.value or not when(found[1]):

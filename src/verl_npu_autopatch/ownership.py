@@ -22,9 +22,6 @@ from typing import Any
 from verl_npu_autopatch.patching import marked_by, origin
 from verl_npu_autopatch.spec import Patch, Site, Target
 
-#: ``Installation.value`` of a fix that did not replace its target attribute.
-UNCHECKED = object()
-
 #: Record states a re-verification may move between (``applied`` and the displaced states).
 VERIFIED_STATES = ("applied", "superseded", "yielded")
 
@@ -83,11 +80,10 @@ def detect(patch: Patch, site: Site) -> str | None:
 def installation(site: Site, reason: str) -> Installation:
     """Remember what the fix left at ``site`` (read back live), the enclosing callables' values
     now, and the ``applied`` reason (restored if our value comes back). A fix that left the
-    target itself untouched (it installs elsewhere) is checked for reloads only."""
+    target itself in place (it installs elsewhere, e.g. an experts kernel registered beside
+    transformers' dispatcher) still relies on it: another owner replacing it takes the fix out."""
     found = lookup(site.module, site.target.qualname)
     owner, value = found if found is not None else (site.owner, site.value)
-    if value is site.value and marked_by(value) != site.patch.name:
-        value = UNCHECKED
     via = {}
     for target in via_targets(site.patch, site.target):
         enclosing = _lookup_in(target, site.module)
@@ -111,7 +107,7 @@ def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -
     if found is None:
         return "superseded", f"{installed.target} no longer exists"
     holder, value = found
-    if installed.value is not UNCHECKED and value is not installed.value:
+    if value is not installed.value:
         site = Site(patch, installed.target, live, holder, installed.attribute, value, dict(versions), engine)
         other = detect(patch, site)
         if other:
