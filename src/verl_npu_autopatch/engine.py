@@ -596,7 +596,7 @@ class Engine:
 
         with self._lock:
             where, record = self._installed.get(name), self.records.get(name)
-            if where is None or record is None or self._closed or where.value is ownership.UNCHECKED:
+            if where is None or record is None or self._closed or where.untouched:
                 return False
             found = ownership.lookup(where.module, where.target.qualname)
             if found is None or found[1] is where.value or not when(found[1]):

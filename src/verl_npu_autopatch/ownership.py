@@ -22,9 +22,6 @@ from typing import Any
 from verl_npu_autopatch.patching import marked_by, origin
 from verl_npu_autopatch.spec import Patch, Site, Target
 
-#: ``Installation.value`` of a fix that did not replace its target attribute.
-UNCHECKED = object()
-
 #: Record states a re-verification may move between (``applied`` and the displaced states).
 VERIFIED_STATES = ("applied", "superseded", "yielded")
 
@@ -32,7 +29,8 @@ VERIFIED_STATES = ("applied", "superseded", "yielded")
 @dataclass
 class Installation:
     """What an applied patch left where: ``owner.attribute is value`` on ``module`` (as executed
-    under ``spec``), and the raw value of each enclosing callable it is reached through."""
+    under ``spec``), and the raw value of each enclosing callable it is reached through.
+    ``untouched``: the fix installed elsewhere and left ``value`` (upstream's) on the target."""
 
     target: Target
     module: ModuleType
@@ -42,6 +40,7 @@ class Installation:
     value: Any
     reason: str
     via: dict[Target, Any] = field(default_factory=dict)
+    untouched: bool = False
 
 
 def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
@@ -83,18 +82,19 @@ def detect(patch: Patch, site: Site) -> str | None:
 def installation(site: Site, reason: str) -> Installation:
     """Remember what the fix left at ``site`` (read back live), the enclosing callables' values
     now, and the ``applied`` reason (restored if our value comes back). A fix that left the
-    target itself untouched (it installs elsewhere) is checked for reloads only."""
+    target itself untouched (it installs elsewhere, e.g. an experts implementation the target's
+    dispatcher looks up) is still reached only through that target, so the value left there is
+    remembered too: another owner replacing it displaces the fix."""
     found = lookup(site.module, site.target.qualname)
     owner, value = found if found is not None else (site.owner, site.value)
-    if value is site.value and marked_by(value) != site.patch.name:
-        value = UNCHECKED
+    untouched = value is site.value and marked_by(value) != site.patch.name
     via = {}
     for target in via_targets(site.patch, site.target):
         enclosing = _lookup_in(target, site.module)
         if enclosing is not None:
             via[target] = enclosing[1]
     spec = getattr(site.module, "__spec__", None)
-    return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via)
+    return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, untouched)
 
 
 def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -> tuple[str, str]:
@@ -111,7 +111,7 @@ def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -
     if found is None:
         return "superseded", f"{installed.target} no longer exists"
     holder, value = found
-    if installed.value is not UNCHECKED and value is not installed.value:
+    if value is not installed.value and not (installed.untouched and is_ours(value)):
         site = Site(patch, installed.target, live, holder, installed.attribute, value, dict(versions), engine)
         other = detect(patch, site)
         if other:
