@@ -222,7 +222,8 @@ states = {{r.name: [r.state, r.reason] for r in report.records if r.name.startsw
 targets = {{r.name: r.target for r in report.records if r.name.startswith("transformers.qwen3_moe.")}}
 reverted = verl_npu_autopatch.revert("transformers.qwen3_moe")
 block = modeling_qwen3_moe.Qwen3MoeSparseMoeBlock.forward.__name__
-print(json.dumps({{"trigger": report.trigger, "states": states, "targets": targets, "reverted": reverted, "block": block}}))
+out = {{"trigger": report.trigger, "states": states, "targets": targets, "reverted": reverted, "block": block}}
+print(json.dumps(out))
 """
 
 
