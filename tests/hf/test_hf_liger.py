@@ -164,8 +164,9 @@ def test_liger_on_an_instance_as_verl_calls_it() -> None:
         }
         records = {n: {"target": r.target} for n, r in engine.records.items()}
         switches = dict(rms_norm=True, swiglu=True, rope=True)
-        kept = {f: sorted({"mlp", "experts"} & {n.rsplit(".", 1)[1] for n in records if n.startswith(f"transformers.{f}.")}
-                          - set(liger_takes(f, records, **switches)))
+        def swiglu_kinds(f):
+            return {"mlp", "experts"} & {n.rsplit(".", 1)[1] for n in records if n.startswith(f"transformers.{f}.")}
+        kept = {f: sorted(swiglu_kinds(f) - set(liger_takes(f, records, **switches)))
                 for f in ("qwen3", "qwen3_moe", "qwen3_vl_moe")}
         dump(engine, ("qwen3", "qwen3_moe", "qwen3_vl_moe"), bound=bound, kept=kept, liger=liger_version())
         """
