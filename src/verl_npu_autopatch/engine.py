@@ -65,6 +65,7 @@ class Engine:
         self._variants: dict[str, tuple[Target, ...]] = {}
         self._undo: dict[str, Undo] = {}
         self._installed: dict[str, Installation] = {}  # applied patch -> where it installed what
+        self._yields: dict[str, Target] = {}  # patch yielded at apply time -> the target it left alone
         self._watcher: ReloadWatcher | None = None
         self._claimed: set[str] = set()
         self._hooked: set[str] = set()
@@ -313,13 +314,12 @@ class Engine:
                 from verl_npu_autopatch import ownership
                 from verl_npu_autopatch.patching import describe, marked_by
 
-                for detector in patch.yields_to:
-                    owner = detector(site)
-                    if owner:
-                        return self._finish(record, "yielded", f"target owned by {owner}", config, patch)
-                enclosing = ownership.enclosing_owner(patch, site)
-                if enclosing:
-                    return self._finish(record, "yielded", enclosing, config, patch)
+                owner = ownership.detect(patch, site)
+                yielded = f"target owned by {owner}" if owner else ownership.enclosing_owner(patch, site)
+                if yielded:
+                    with self._lock:
+                        self._yields[patch.name] = target
+                    return self._finish(record, "yielded", yielded, config, patch)
                 if marked_by(site.value) == patch.name:
                     reason = f"already in place ({describe(site.value)})"
                     self._remember(site, reason)
@@ -338,7 +338,7 @@ class Engine:
                 applied = _installed_reason(self._variants[patch.name], target, rejected)
                 if verdict is not None and verdict.reason:  # e.g. which other owner's callable the fix replaces
                     applied = f"{applied}; {verdict.reason}"
-                self._remember(site, applied)
+                self._remember(site, applied, undo)
                 return self._finish(record, "applied", applied, config, patch)
         except Exception as exc:
             where = target or (module.__name__ if module else patch.name)
@@ -399,11 +399,11 @@ class Engine:
         return None
 
     # ----------------------------------------------------------------- ownership
-    def _remember(self, site: Site, reason: str) -> None:
+    def _remember(self, site: Site, reason: str, undo: Undo | None = None) -> None:
         """Note where ``site.patch`` installed what, and watch its module for reloads."""
         from verl_npu_autopatch import ownership
 
-        installed = ownership.installation(site, reason)
+        installed = ownership.installation(site, reason, undo)
         with self._lock:
             self._installed[site.patch.name] = installed
             if self._closed:
@@ -433,6 +433,30 @@ class Engine:
                 changed = (record.state, record.reason) != (state, reason)
             if changed:
                 self._set(record, state, reason)
+        self._verify_yields()
+
+    def _verify_yields(self) -> None:
+        """Re-name the owner of each target yielded at apply time when another owner the
+        detectors recognise took it since (verl assigning a class another of our families
+        patched first). Never raises."""
+        from verl_npu_autopatch import ownership
+
+        with self._lock:
+            yields = list(self._yields.items())
+        for name, target in yields:
+            record = self.records[name]
+            try:
+                reason = ownership.yielded_reason(self.patches[name], target, record.versions, self)
+            except Exception as exc:  # a detector bug must not break report()
+                self._logger().debug("verifying %s raised %r", name, exc, exc_info=True)
+                continue
+            with self._lock:
+                if record.state != "yielded":
+                    self._yields.pop(name, None)
+                    continue
+                changed = reason is not None and reason != record.reason
+            if changed:
+                self._set(record, "yielded", reason)
 
     def _watches(self, module: str) -> bool:
         """Whether a reload of ``module`` concerns an applied or displaced patch."""
@@ -535,25 +559,20 @@ class Engine:
         """Undo applied patches (all, one by name, or a group); returns the names reverted.
 
         Records are re-verified first: a patch another owner displaced (``superseded`` or
-        ``yielded``) keeps its record and the live owner keeps the target; only what is still
-        ours elsewhere (a registration, a default hook) is removed, since every undo acts only
-        where our value is still in place. The log says why it was not reverted."""
+        ``yielded``) is left alone, so the live owner is never clobbered; the log says why."""
         self.verify()
         done = []
         for patch_name in self._matching(name):
             record = self.records[patch_name]
             with self._lock:
-                displaced = record.state != "applied" and patch_name in self._installed
-                displaced_why = f"{record.state}: {record.reason}"
-                undo = self._undo.pop(patch_name, None)
-                self._installed.pop(patch_name, None)
+                if patch_name in self._installed and record.state != "applied":
+                    displaced = f"{record.state}: {record.reason}"
+                else:
+                    displaced = ""
+                    undo = self._undo.pop(patch_name, None)
+                    self._installed.pop(patch_name, None)
             if displaced:
-                self._logger().info("%s: not reverted, the live target is not ours (%s)", patch_name, displaced_why)
-                if undo is not None:
-                    try:
-                        undo()  # our leftovers elsewhere; the displaced target is left to its owner
-                    except Exception:
-                        self._logger().debug("removing %s's other changes raised", patch_name, exc_info=True)
+                self._logger().info("%s: not reverted, the live target is not ours (%s)", patch_name, displaced)
                 continue
             if undo is None:
                 continue
@@ -601,7 +620,7 @@ class Engine:
 
         with self._lock:
             where, record = self._installed.get(name), self.records.get(name)
-            if where is None or record is None or self._closed:
+            if where is None or record is None or self._closed or where.untouched:
                 return False
             found = ownership.lookup(where.module, where.target.qualname)
             if found is None or found[1] is where.value or not when(found[1]):

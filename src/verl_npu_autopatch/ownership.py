@@ -22,6 +22,14 @@ from typing import Any
 from verl_npu_autopatch.patching import marked_by, origin
 from verl_npu_autopatch.spec import Patch, Site, Target
 
+#: ``Installation.value`` of a fix that did not replace its target attribute and does not say it is
+#: reached only through it: checked for reloads only.
+UNCHECKED = object()
+
+#: Attribute on an undo whose fix installed elsewhere but runs only while the target holds the
+#: value the fix left there (an experts implementation the target's dispatcher looks up).
+THROUGH_TARGET = "verl_npu_autopatch_through_target"
+
 #: Record states a re-verification may move between (``applied`` and the displaced states).
 VERIFIED_STATES = ("applied", "superseded", "yielded")
 
@@ -29,7 +37,8 @@ VERIFIED_STATES = ("applied", "superseded", "yielded")
 @dataclass
 class Installation:
     """What an applied patch left where: ``owner.attribute is value`` on ``module`` (as executed
-    under ``spec``), and the raw value of each enclosing callable it is reached through."""
+    under ``spec``), and the raw value of each enclosing callable it is reached through.
+    ``untouched``: the fix installed elsewhere and left upstream's value on the target."""
 
     target: Target
     module: ModuleType
@@ -39,6 +48,7 @@ class Installation:
     value: Any
     reason: str
     via: dict[Target, Any] = field(default_factory=dict)
+    untouched: bool = False
 
 
 def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
@@ -77,20 +87,31 @@ def detect(patch: Patch, site: Site) -> str | None:
     return None
 
 
-def installation(site: Site, reason: str) -> Installation:
+def reached_through_target(undo: Any) -> Any:
+    """Mark the undo of a fix that left its target untouched but runs only through it, so
+    another owner replacing the target displaces the fix (see :func:`installation`)."""
+    setattr(undo, THROUGH_TARGET, True)
+    return undo
+
+
+def installation(site: Site, reason: str, undo: Any = None) -> Installation:
     """Remember what the fix left at ``site`` (read back live), the enclosing callables' values
     now, and the ``applied`` reason (restored if our value comes back). A fix that left the
-    target itself in place (it installs elsewhere, e.g. an experts kernel registered beside
-    transformers' dispatcher) still relies on it: another owner replacing it takes the fix out."""
+    target itself untouched (it installs elsewhere) is checked for reloads only, unless its undo
+    says it is reached only through the target (:func:`reached_through_target`): then the value
+    left there is remembered, and another owner replacing it displaces the fix."""
     found = lookup(site.module, site.target.qualname)
     owner, value = found if found is not None else (site.owner, site.value)
+    untouched = value is site.value and marked_by(value) != site.patch.name
+    if untouched and not getattr(undo, THROUGH_TARGET, False):
+        value = UNCHECKED
     via = {}
     for target in via_targets(site.patch, site.target):
         enclosing = _lookup_in(target, site.module)
         if enclosing is not None:
             via[target] = enclosing[1]
     spec = getattr(site.module, "__spec__", None)
-    return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via)
+    return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, untouched)
 
 
 def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -> tuple[str, str]:
@@ -107,7 +128,8 @@ def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -
     if found is None:
         return "superseded", f"{installed.target} no longer exists"
     holder, value = found
-    if value is not installed.value:
+    replaced = installed.value is not UNCHECKED and value is not installed.value
+    if replaced and not (installed.untouched and is_ours(value)):
         site = Site(patch, installed.target, live, holder, installed.attribute, value, dict(versions), engine)
         other = detect(patch, site)
         if other:
@@ -143,6 +165,19 @@ def enclosing_owner(patch: Patch, site: Site) -> str | None:
         if other:
             return f"target owned by {other} (only reached through {target.qualname})"
     return None
+
+
+def yielded_reason(patch: Patch, target: Target, versions: dict, engine: Any) -> str | None:
+    """The ``yielded`` reason of a patch that left ``target`` to another owner at apply time, as
+    the detectors see the live target now, or ``None`` when none recognises its owner."""
+    module = sys.modules.get(target.module)
+    found = None if module is None else lookup(module, target.qualname)
+    if found is None:
+        return None
+    holder, value = found
+    site = Site(patch, target, module, holder, target.qualname.rpartition(".")[2], value, dict(versions), engine)
+    other = detect(patch, site)
+    return f"target owned by {other}" if other else enclosing_owner(patch, site)
 
 
 def is_ours(value: Any) -> bool:

@@ -18,7 +18,7 @@ if str(HERE) not in sys.path:
 
 import npu_emulation  # noqa: E402
 import transformers  # noqa: E402,F401  (the process-wide engine activates now, before the test double exists)
-from tiny_configs import rope_arguments  # noqa: E402
+from tiny_configs import MROPE, rope_arguments  # noqa: E402
 
 from verl_npu_autopatch.config import Config  # noqa: E402
 from verl_npu_autopatch.engine import Engine  # noqa: E402
@@ -66,7 +66,7 @@ def _causal(config_cls: str, model_cls: str, module: str, **extra: Any) -> Calla
 def builders() -> dict[str, Callable[[], Any]]:
     m = transformers_npu.module_name
     rope_partial = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
-    mrope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
+    mrope = MROPE
     return {
         "qwen2": _causal("Qwen2Config", "Qwen2ForCausalLM", m("qwen2")),
         "qwen3": _causal("Qwen3Config", "Qwen3ForCausalLM", m("qwen3")),

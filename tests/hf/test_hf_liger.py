@@ -7,10 +7,13 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 PRELUDE = textwrap.dedent(
     """
     import json, sys
+    sys.path.insert(0, __TESTS_HF__)
+    from tiny_configs import MROPE, rope_arguments
     from verl_npu_autopatch.config import Config
     from verl_npu_autopatch.engine import Engine
     from verl_npu_autopatch.patches import liger, transformers_npu
@@ -46,14 +49,33 @@ PRELUDE = textwrap.dedent(
         }
         print(json.dumps({"records": records, **extra}))
 
+    def liger_takes(family, records, **switches):
+        # our kinds of `family` whose target the live Liger function rebinds with these switches on,
+        # read from Liger's own code by liger.rebound_names
+        import liger_kernel.transformers.monkey_patch as mp
+        rebound = liger.rebound_names(getattr(mp, f"apply_liger_kernel_to_{family}"))
+        taken = []
+        for name, r in records.items():
+            kind = name.rsplit(".", 1)[1]
+            switch = liger.LIGER_SWITCH.get(kind)
+            holders = {part.partition(":")[2].split(".")[0] for part in r["target"].split(" | ")}
+            if name.startswith(f"transformers.{family}.") and switches.get(switch) and holders & rebound[switch]:
+                taken.append(kind)
+        return sorted(taken)
+
+    def liger_version():
+        import importlib.metadata
+        return importlib.metadata.version("liger-kernel")
+
     def tiny(family, model_cls, config_cls, **extra):
         import importlib
         module = importlib.import_module(transformers_npu.module_name(family))
-        config = getattr(module, config_cls)(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, **extra)
+        cls = getattr(module, config_cls)
+        config = cls(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=8, **rope_arguments(cls, extra))
         return getattr(module, model_cls)(config)
     """
-)
+).replace("__TESTS_HF__", repr(str(Path(__file__).resolve().parent)))
 
 
 def child(code: str) -> dict:
@@ -123,7 +145,7 @@ def test_liger_on_an_instance_as_verl_calls_it() -> None:
         model = tiny("qwen3", "Qwen3ForCausalLM", "Qwen3Config")
         moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
         models = [model, tiny("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", **moe),
-                  tiny("qwen3_vl_moe", "Qwen3VLMoeTextModel", "Qwen3VLMoeTextConfig", **moe)]
+                  tiny("qwen3_vl_moe", "Qwen3VLMoeTextModel", "Qwen3VLMoeTextConfig", rope_parameters=MROPE, **moe)]
         from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
         for m in models:
             _apply_liger_kernel_to_instance(model=m, fused_linear_cross_entropy=False, swiglu=True)
@@ -140,21 +162,33 @@ def test_liger_on_an_instance_as_verl_calls_it() -> None:
             "expert_mlp": [e.forward.__func__.__module__ for e in moe_layer.mlp.experts]
             if hasattr(moe_layer.mlp.experts, "__iter__") else None,
         }
-        dump(engine, ("qwen3", "qwen3_moe", "qwen3_vl_moe"), bound=bound)
+        records = {n: {"target": r.target} for n, r in engine.records.items()}
+        switches = dict(rms_norm=True, swiglu=True, rope=True)
+        def swiglu_kinds(f):
+            return {"mlp", "experts"} & {n.rsplit(".", 1)[1] for n in records if n.startswith(f"transformers.{f}.")}
+        kept = {f: sorted(swiglu_kinds(f) - set(liger_takes(f, records, **switches)))
+                for f in ("qwen3", "qwen3_moe", "qwen3_vl_moe")}
+        dump(engine, ("qwen3", "qwen3_moe", "qwen3_vl_moe"), bound=bound, kept=kept, liger=liger_version())
         """
     )
     records = out["records"]
     assert_one_owner(records)
     transformers4 = out["bound"]["expert_mlp"] is not None
-    # Liger 0.8.5 (transformers 5): swiglu=True replaces Qwen3MLP and the MoE experts, but not the
-    # Qwen3-MoE / Qwen3-VL-MoE dense MLPs.
-    kept = {} if transformers4 else {"qwen3_moe": "mlp", "qwen3_vl_moe": "mlp"}
+    kept = out["kept"]  # swiglu targets the live Liger code does not rebind
+    if out["liger"] == "0.8.5" and not transformers4:
+        # Liger 0.8.5 (transformers 5): swiglu=True replaces Qwen3MLP and the MoE experts, but not
+        # the Qwen3-MoE / Qwen3-VL-MoE dense MLPs.
+        assert kept == {"qwen3": [], "qwen3_moe": ["mlp"], "qwen3_vl_moe": ["mlp"]}
+    if out["liger"] == "0.7.0" and transformers4:
+        # Liger 0.7.0 (transformers 4.57): swiglu=True replaces Qwen3MLP and Qwen3MoeMLP (the
+        # per-expert MLP class), neither sparse-MoE block nor the Qwen3-VL-MoE text MLP.
+        assert kept == {"qwen3": [], "qwen3_moe": ["experts"], "qwen3_vl_moe": ["experts", "mlp"]}
     for name in ("qwen3", "qwen3_moe", "qwen3_vl_moe"):
         for kind, record in family(records, name).items():
-            if kind == kept.get(name):
+            if kind in kept[name]:
                 assert (record["state"], record["owner"]) == ("applied", "ours"), (name, kind, record)
                 why = f"kept: apply_liger_kernel_to_{name}(swiglu=True) does not replace {record['target']}"
-                assert record["reason"] == f"fix installed; {why}"
+                assert record["reason"].startswith("fix installed") and record["reason"].endswith(f"; {why}")
                 continue
             assert record["state"] == "yielded", (name, kind, record)
             assert record["reason"] == (
@@ -162,37 +196,52 @@ def test_liger_on_an_instance_as_verl_calls_it() -> None:
             )
     if out["bound"]["expert_mlp"] is None:
         assert family(records, "qwen3_moe")["experts"]["owner"] == "liger"  # LigerExperts
-    else:  # transformers 4.x: a ModuleList of per-expert MLPs inside the upstream block, each Liger's now
-        assert family(records, "qwen3_moe")["experts"]["owner"] == "upstream"
+        assert out["bound"]["moe_experts"].startswith("liger_kernel")
+    else:
+        # transformers 4.x: a ModuleList of per-expert MLPs inside the block, each Liger's now; the
+        # block forward stays ours (it reads their weights into grouped matmuls, never calls them).
+        assert family(records, "qwen3_moe")["experts"]["owner"] == "ours"
         assert all(m.startswith("liger_kernel") for m in out["bound"]["expert_mlp"]), out["bound"]["expert_mlp"]
     assert out["bound"]["mlp"].startswith("liger_kernel") and out["bound"]["norm"].startswith("liger_kernel")
     assert out["bound"]["class_mlp_marked"] is out["bound"]["class_norm_marked"] is False
-    if not transformers4:
-        assert out["bound"]["moe_mlp_class"] == "transformers.qwen3_moe.mlp"  # ours is what runs there
-        assert out["bound"]["moe_experts"].startswith("liger_kernel")
+    # Qwen3MoeMLP's class forward: ours where Liger does not replace it, else given back to upstream.
+    ours_there = "transformers.qwen3_moe.mlp" if "mlp" in kept["qwen3_moe"] else None
+    assert out["bound"]["moe_mlp_class"] == ours_there
 
 
 def test_liger_function_that_raises_takes_nothing() -> None:
     out = child(
         """
         engine = make_engine()
-        model = tiny("qwen3_vl", "Qwen3VLTextModel", "Qwen3VLTextConfig")
+        model = tiny("qwen3_vl", "Qwen3VLTextModel", "Qwen3VLTextConfig", rope_parameters=MROPE)
         from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+        error = None
         try:
             _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=False, swiglu=True)
         except ImportError as exc:
             error = str(exc)
-        dump(engine, ("qwen3_vl",), error=error)
+        records = {n: {"target": r.target} for n, r in engine.records.items()}
+        taken = liger_takes("qwen3_vl", records, rms_norm=True, swiglu=True, rope=True)
+        dump(engine, ("qwen3_vl",), error=error, taken=taken)
         """
     )
-    # Liger 0.8.5's Qwen3-VL code cannot import its output class on transformers 5.24: it raises
-    # before replacing anything, so our kernels stay, and say so.
-    assert "LigerQwen3VLCausalLMOutputWithPast" in out["error"]
     records = out["records"]
     assert_one_owner(records)
-    assert {k: (v["state"], v["owner"]) for k, v in family(records, "qwen3_vl").items()} == dict.fromkeys(
-        ("rms_norm", "mlp", "rotary"), ("applied", "ours")
-    )
+    states = {k: (v["state"], v["owner"]) for k, v in family(records, "qwen3_vl").items()}
+    if out["error"] is not None:
+        # Liger 0.8.5's Qwen3-VL code cannot import its output class on transformers 5.24: it raises
+        # before replacing anything, so our kernels stay, and say so.
+        assert "LigerQwen3VLCausalLMOutputWithPast" in out["error"]
+        assert states == dict.fromkeys(("rms_norm", "mlp", "rotary"), ("applied", "ours"))
+    else:
+        # This Liger's Qwen3-VL code runs on this transformers (0.8.5 on 5.9, 0.7.0 on 4.57): it takes
+        # exactly what its code rebinds (no swiglu code for Qwen3-VL: the MLP stays ours).
+        assert out["taken"] == ["rms_norm", "rotary"], out["taken"]
+        assert states == {**dict.fromkeys(out["taken"], ("yielded", "liger")), "mlp": ("applied", "ours")}
+        for kind in out["taken"]:
+            assert family(records, "qwen3_vl")[kind]["reason"] == (
+                "target handed to liger-kernel (_apply_liger_kernel_to_instance -> apply_liger_kernel_to_qwen3_vl)"
+            )
 
 
 def test_liger_applied_before_us_is_left_alone() -> None:
@@ -222,17 +271,27 @@ def test_liger_applied_before_us_keeps_what_it_does_not_replace() -> None:
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3_moe
         apply_liger_kernel_to_qwen3_moe()  # class level, before our engine activates
         engine = make_engine()
-        dump(engine, ("qwen3_moe",))
+        records = {n: {"target": r.target} for n, r in engine.records.items()}
+        taken = liger_takes("qwen3_moe", records, rms_norm=True, swiglu=True, rope=True)
+        dump(engine, ("qwen3_moe",), taken=taken, liger=liger_version())
         """
     )
     records = out["records"]
     assert_one_owner(records)
     qwen3_moe = family(records, "qwen3_moe")
-    for kind in ("rms_norm", "rotary", "experts"):
-        assert (qwen3_moe[kind]["state"], qwen3_moe[kind]["owner"]) == ("yielded", "liger"), kind
-    assert "LigerExperts.forward" in qwen3_moe["experts"]["reason"]
-    # Liger 0.8.5 leaves Qwen3MoeMLP (the dense layers' MLP) alone on transformers 5: ours runs there.
-    assert (qwen3_moe["mlp"]["state"], qwen3_moe["mlp"]["owner"]) == ("applied", "ours")
+    # What the engine saw live at apply time matches what Liger's code rebinds (its defaults: all on).
+    for kind, record in qwen3_moe.items():
+        expected = ("yielded", "liger") if kind in out["taken"] else ("applied", "ours")
+        assert (record["state"], record["owner"]) == expected, (kind, record)
+    transformers4 = qwen3_moe["experts"]["target"].endswith("SparseMoeBlock.forward")
+    if out["liger"] == "0.8.5" and not transformers4:
+        # Liger 0.8.5 leaves Qwen3MoeMLP (the dense layers' MLP) alone on transformers 5: ours runs there.
+        assert out["taken"] == ["experts", "rms_norm", "rotary"]
+        assert "LigerExperts.forward" in qwen3_moe["experts"]["reason"]
+    if out["liger"] == "0.7.0" and transformers4:
+        # Liger 0.7.0 swaps the per-expert MLP class, not the sparse-MoE block: the block stays ours.
+        assert out["taken"] == ["mlp", "rms_norm", "rotary"]
+        assert "LigerQwen3MoeSwiGLUMLP.forward" in qwen3_moe["mlp"]["reason"]
 
 
 def test_liger_before_the_modeling_module_is_imported() -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+#: Multimodal rotary of the tiny Qwen2.5-VL / Qwen3-VL(-MoE) text models (head_dim 8: sections 2+1+1).
+MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
+
 
 def rope_arguments(config_cls: type, extra: dict[str, Any]) -> dict[str, Any]:
     """``rope_parameters`` as the live config class takes it: transformers 5.x has one dict;

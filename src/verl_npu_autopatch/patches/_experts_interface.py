@@ -26,6 +26,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+from verl_npu_autopatch.ownership import reached_through_target
 from verl_npu_autopatch.patches import _npu_kernels as kernels
 from verl_npu_autopatch.patches.transformers_npu import default_hook_owner, dispatcher_interface
 from verl_npu_autopatch.patching import mark, set_attribute
@@ -114,4 +115,4 @@ def register(cls: type, transposed: bool, patch_name: str) -> Undo:
                 _default_undo()
                 _default_undo = None
 
-    return undo
+    return reached_through_target(undo)  # our kernel runs only while the class's dispatcher is live
