@@ -356,8 +356,7 @@ class Engine:
         """The first variant found in the live modules and not ``rejected`` by its check, or
         ``(None, why-unsupported)`` once every variant was imported without it or rejected, or
         ``(None, None)`` while some are still to come."""
-        import inspect
-
+        from verl_npu_autopatch import ownership
         from verl_npu_autopatch.spec import Site
 
         missing, waiting = [], False
@@ -373,17 +372,12 @@ class Engine:
                 else:
                     waiting = True
                 continue
-            owner, found = live, True
             parts = target.qualname.split(".")
-            for part in parts[:-1]:
-                owner = getattr(owner, part, None)
-                if owner is None:
-                    found = False
-                    break
-            value = inspect.getattr_static(owner, parts[-1], None) if found else None
-            if value is None:
+            found = ownership.lookup(live, target.qualname)
+            if found is None:
                 missing.append(f"{target} ({_describe_missing(live, parts)})")
                 continue
+            owner, value = found
             return Site(patch, target, live, owner, parts[-1], value, dict(record.versions), self), None
         if waiting:
             return None, None
