@@ -1,4 +1,8 @@
-"""Command line: ``verl-npu-autopatch status | list | doctor`` (also ``python -m verl_npu_autopatch``)."""
+"""Command line: ``verl-npu-autopatch status | list | doctor`` (also ``python -m verl_npu_autopatch``).
+
+``status`` and ``list`` are here; ``doctor`` runs through :mod:`verl_npu_autopatch.doctor` and
+``doctor --ray`` through :mod:`verl_npu_autopatch.ray_doctor`, which never import this module (a
+Ray node's probe is told to run :func:`status_data` by name)."""
 
 from __future__ import annotations
 
