@@ -1,12 +1,14 @@
-"""Command line: ``verl-npu-autopatch status | list | doctor`` (also ``python -m verl_npu_autopatch``)."""
+"""Command line: ``verl-npu-autopatch status | list | doctor`` (also ``python -m verl_npu_autopatch``).
+
+``status`` and ``list`` are here; ``doctor`` runs through :mod:`verl_npu_autopatch.doctor` and
+``doctor --ray`` through :mod:`verl_npu_autopatch.ray_doctor`, which never import this module (a
+Ray node's probe is told to run :func:`status_data` by name)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import site
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import verl_npu_autopatch
 from verl_npu_autopatch import __version__, catalog, gates, probes
 from verl_npu_autopatch.config import VARIABLES, read_config
+from verl_npu_autopatch.doctor import DOCTOR_TIMEOUT_S, TIMED_OUT, doctor_exit_code, print_doctor, run_doctor
 from verl_npu_autopatch.records import table
 
 #: Distributions whose versions ``status`` shows.
@@ -27,47 +30,6 @@ SHOWN_DISTRIBUTIONS = (
     "wrapt",
     "ray",
 )
-
-#: Code the ``doctor`` child runs: activate, import every target that can be, print the report.
-#: Before each step it prints a progress mark, so a timeout can say what was still running.
-DOCTOR_CHILD = """
-import importlib, json, sys
-def step(what):
-    sys.stdout.write("\\n@@verl-npu-autopatch-step@@" + what + "\\n")
-    sys.stdout.flush()
-step("activation (loading the catalogue and the plugins)")
-import verl_npu_autopatch
-from verl_npu_autopatch.engine import engine
-verl_npu_autopatch.activate("doctor")
-eng = engine()
-absent, errors = set(), {}
-for module in eng.pending_modules():
-    step("import " + module)
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
-            absent.add(module)
-        else:
-            errors[module] = f"{type(exc).__name__}: {exc}"
-    except Exception as exc:
-        errors[module] = f"{type(exc).__name__}: {exc}"
-step("settling the records")
-eng.settle(absent)
-data = verl_npu_autopatch.report().to_dict()
-data["import_errors"] = errors
-data["strict"] = verl_npu_autopatch.engine.read_config().strict
-sys.stdout.write("\\n@@verl-npu-autopatch-doctor@@" + json.dumps(data))
-"""
-DOCTOR_MARK = "@@verl-npu-autopatch-doctor@@"
-STEP_MARK = "@@verl-npu-autopatch-step@@"
-
-#: Seconds the doctor child may run (a cold vLLM import takes about a minute on a slow disk).
-DOCTOR_TIMEOUT_S = 600.0
-
-#: ``doctor`` exit codes: all well / a patch failed / the child crashed or activation failed /
-#: the child did not finish within ``--timeout``.
-OK, PATCH_FAILED, CRASHED, TIMED_OUT = 0, 1, 2, 3
 
 
 def install_files() -> list[str]:
@@ -188,86 +150,6 @@ def catalogue_markdown(entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S) -> dict[str, Any]:
-    """Run the doctor child: a fresh interpreter of this environment imports every target. It
-    runs in its own session, so a timeout ends it and anything it started."""
-    import signal
-
-    env = dict(os.environ)
-    if device:
-        env["VERL_NPU_AUTOPATCH_DEVICE"] = device
-    proc = subprocess.Popen(
-        [sys.executable, "-c", DOCTOR_CHILD],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            proc.kill()
-        stdout, stderr = proc.communicate()
-        steps = [line.split(STEP_MARK, 1)[1] for line in stdout.splitlines() if STEP_MARK in line]
-        running = steps[-1] if steps else "interpreter start-up"
-        return {
-            "status": "timed-out",
-            "reason": f"the doctor child did not finish within {timeout:g} s; still running: {running}",
-            "running": running,
-            "stderr": stderr,
-        }
-    if DOCTOR_MARK not in stdout:
-        return {"status": "crashed", "reason": f"doctor child exited {proc.returncode}", "stderr": stderr}
-    data = json.loads(stdout.rsplit(DOCTOR_MARK, 1)[1])
-    data["stderr"] = stderr
-    return data
-
-
-def doctor_exit_code(data: dict[str, Any]) -> int:
-    if data["status"] == "timed-out":
-        return TIMED_OUT
-    if data["status"] in ("crashed", "failed"):
-        return CRASHED
-    bad = ("failed", "superseded", "unsupported") if data.get("strict") else ("failed", "superseded")
-    return PATCH_FAILED if any(r["state"] in bad for r in data["records"]) else OK
-
-
-def print_doctor(data: dict[str, Any]) -> None:
-    if data["status"] == "timed-out":
-        print(f"doctor: TIMED OUT: {data['reason']}\n{data['stderr']}")
-        return
-    if data["status"] == "crashed":
-        print(f"doctor: the child interpreter crashed ({data['reason']})\n{data['stderr']}")
-        return
-    print(f"engine: {data['status']} ({data['reason']}); device: {data['device']}; pid {data['pid']}")
-    if data["status"] == "inactive" and data["reason"].startswith("switched off"):
-        print("patching is switched off in this environment: unset VERL_NPU_AUTOPATCH (or set it to 1) to turn it on")
-    elif data["status"] == "inactive" and not data["records"]:
-        print("nothing is patched on this host; `verl-npu-autopatch doctor --device npu` is a dry run of an NPU host")
-    for text in data["warnings"]:
-        print(f"WARNING: {text}")
-    rows = [[r["name"], r["state"], r["target"], r["reason"]] for r in data["records"]]
-    if rows:
-        print(table(rows, ["patch", "state", "target", "why"]))
-    for module, error in data.get("import_errors", {}).items():
-        print(f"could not import {module}: {error}")
-    superseded = [r["name"] for r in data["records"] if r["state"] == "superseded"]
-    if superseded:
-        print(
-            f"\nSUPERSEDED: {', '.join(superseded)}: the fix was installed, but something else runs there now "
-            "(the why column names it; see docs/troubleshooting.md, Record states)"
-        )
-    failed = [r["name"] for r in data["records"] if r["state"] == "failed"]
-    if failed:
-        print(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{data['stderr']}")
-    elif data["status"] == "failed":
-        print(f"\n{data['stderr']}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="verl-npu-autopatch", description="Ascend-NPU runtime fixes for verl, applied in every process."
@@ -321,7 +203,7 @@ def _main(argv: list[str] | None) -> int:
     if args.ray is not None or args.runtime_env is not None:
         from verl_npu_autopatch import ray_doctor
 
-        return ray_doctor.main(args)
+        return ray_doctor.main(args, status=f"{__name__}:{status_data.__name__}")
     data = run_doctor(args.device, args.timeout or DOCTOR_TIMEOUT_S)
     print(json.dumps(data, indent=2)) if args.json else print_doctor(data)
     return doctor_exit_code(data)

@@ -103,6 +103,13 @@ def parameter_names(obj: Any) -> tuple[str, ...] | None:
         return None
 
 
+def signature_text(func: Any) -> str:
+    """``(a, b, c)``: the parameter names of a callable for reports; ``(unknown)`` without an
+    inspectable signature."""
+    names = parameter_names(func)
+    return "(unknown)" if names is None else f"({', '.join(names)})"
+
+
 def describe(obj: Any) -> str:
     """Short human name of a callable for reports: ``module.qualname``."""
     func = getattr(obj, "__func__", obj)

@@ -4,8 +4,9 @@ Ray cluster, compared node by node.
 One probe task is pinned to each alive node (``NodeAffinitySchedulingStrategy``, ``num_cpus=0``,
 a fresh worker per probe), optionally inside a given ``runtime_env``. The probe is pickled by
 value and imports only the standard library until it has checked that ``verl_npu_autopatch`` can
-be found, so a node without the package is reported rather than failing to unpickle the task.
-Ray is imported lazily here and is never a dependency of the package.
+be found, so a node without the package is reported rather than failing to unpickle the task;
+then it runs the status function its caller named (``module:function``, the command line's
+``status``). Ray is imported lazily here and is never a dependency of the package.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from verl_npu_autopatch.doctor import TIMED_OUT
 from verl_npu_autopatch.records import table
 
 #: How long to wait for all probes (a pip ``runtime_env`` is built on each node first).
@@ -25,15 +27,18 @@ TIMEOUT_S = 900.0
 COMPARED = ("installed", "version", "hook", "device", "configuration", "distributions")
 
 #: Exit codes: every node has the package and all agree / a problem was found / Ray unusable /
-#: a node's probe did not answer within the timeout (the same code as ``doctor``'s timeout).
-OK, PROBLEMS, UNUSABLE, TIMED_OUT = 0, 1, 2, 3
+#: a node's probe did not answer within the timeout (``TIMED_OUT``, the same code as ``doctor``'s).
+OK, PROBLEMS, UNUSABLE = 0, 1, 2
 
 
-def _make_probe() -> Callable[[], dict[str, Any]]:
-    """The function each probe task runs. It is a nested function so that cloudpickle ships it by
-    value: unpickling it on a node must not import ``verl_npu_autopatch``."""
+def _make_probe(status: str) -> Callable[[], dict[str, Any]]:
+    """The function each probe task runs; it reports what ``status`` (``"module:function"``, a
+    function of no arguments returning ``status --json``'s data) returns on the node. It is a
+    nested function so that cloudpickle ships it by value: unpickling it on a node must not import
+    ``verl_npu_autopatch``."""
 
     def probe() -> dict[str, Any]:
+        import importlib
         import importlib.util
         import os
         import socket
@@ -58,9 +63,8 @@ def _make_probe() -> Callable[[], dict[str, Any]]:
         found["installed"] = True
         found["package"] = spec.origin
         try:
-            from verl_npu_autopatch import cli
-
-            found["status"] = cli.status_data()
+            module, _, function = status.partition(":")
+            found["status"] = getattr(importlib.import_module(module), function)()
         except Exception as exc:
             found["error"] = f"the status probe raised {type(exc).__name__}: {exc}"
         return found
@@ -176,13 +180,13 @@ def problems(entries: list[dict[str, Any]], disagreeing: list[dict[str, Any]]) -
 
 
 # --------------------------------------------------------------------------- running
-def _probe_nodes(ray: Any, runtime_env: dict[str, Any] | None, timeout: float) -> list[dict[str, Any]]:
+def _probe_nodes(ray: Any, runtime_env: dict[str, Any] | None, timeout: float, status: str) -> list[dict[str, Any]]:
     """One probe pinned to each alive node (head first); a summary per node."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     nodes.sort(key=lambda n: ("node:__internal_head__" not in n.get("Resources", {}), n["NodeID"]))
-    remote = ray.remote(num_cpus=0, max_calls=1, max_retries=0)(_make_probe())
+    remote = ray.remote(num_cpus=0, max_calls=1, max_retries=0)(_make_probe(status))
     options = {"runtime_env": runtime_env} if runtime_env else {}
     refs = []
     for node in nodes:
@@ -202,9 +206,12 @@ def _probe_nodes(ray: Any, runtime_env: dict[str, Any] | None, timeout: float) -
     return entries
 
 
-def probe_cluster(address: str, runtime_env: dict[str, Any] | None, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+def probe_cluster(
+    address: str, runtime_env: dict[str, Any] | None, status: str, timeout: float = TIMEOUT_S
+) -> dict[str, Any]:
     """Connect to the cluster at ``address`` as a job with ``runtime_env`` (so local
-    ``py_modules``/``working_dir`` are uploaded as for any job), probe every alive node, compare."""
+    ``py_modules``/``working_dir`` are uploaded as for any job), run ``status`` (see
+    :func:`_make_probe`) on every alive node, compare."""
     data: dict[str, Any] = {"address": address, "runtime_env": runtime_env}
     try:
         import ray
@@ -214,7 +221,7 @@ def probe_cluster(address: str, runtime_env: dict[str, Any] | None, timeout: flo
     try:
         if started:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
-        entries = _probe_nodes(ray, None if started else runtime_env, timeout)
+        entries = _probe_nodes(ray, None if started else runtime_env, timeout, status)
     except Exception as exc:
         return {**data, "error": f"cannot probe the Ray cluster at {address!r}: {type(exc).__name__}: {exc}"}
     finally:
@@ -291,8 +298,9 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(args: Any) -> int:
-    """The ``doctor --ray`` branch of the command line (``args`` from ``cli.build_parser``)."""
+def main(args: Any, status: str) -> int:
+    """The ``doctor --ray`` branch of the command line: ``args`` as parsed by it, ``status`` the
+    ``"module:function"`` each node runs (its ``status``)."""
     if args.ray is None:
         print("doctor: --runtime-env needs --ray", file=sys.stderr)
         return UNUSABLE
@@ -309,6 +317,6 @@ def main(args: Any) -> int:
     if args.device:
         runtime_env = dict(runtime_env or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), "VERL_NPU_AUTOPATCH_DEVICE": args.device}
-    data = probe_cluster(args.ray, runtime_env, getattr(args, "timeout", None) or TIMEOUT_S)
+    data = probe_cluster(args.ray, runtime_env, status, getattr(args, "timeout", None) or TIMEOUT_S)
     print(json.dumps(data, indent=2) if args.json else render(data))
     return exit_code(data)

@@ -150,3 +150,39 @@ print(json.dumps([verl_npu_autopatch.report()["plugin.qwen2_rms_norm_counter"].s
     assert record["target"] == "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm.forward"
     assert data["pid"] != 0 and proc.returncode in (0, 1)
     assert proc.returncode == (1 if any(r["state"] == "failed" for r in data["records"]) else 0)
+
+
+def test_doctor_child_is_a_module_announcing_each_step(base_python: Path) -> None:
+    """What ``doctor`` runs in its fresh interpreter, run directly: step marks before the import of
+    each pending target, then the report after the doctor mark."""
+    proc = subprocess.run(
+        [str(base_python), "-m", "verl_npu_autopatch._doctor_child"],
+        env={**clean_env(VERL_NPU_AUTOPATCH_DEVICE="npu"), "PYTHONPATH": str(ROOT / "tests" / "fixtures" / "site")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    before, _, report = proc.stdout.partition("@@verl-npu-autopatch-doctor@@")
+    steps = [line.split("@@verl-npu-autopatch-step@@", 1)[1] for line in before.splitlines() if "@@" in line]
+    assert steps[0] == "activation (loading the catalogue and the plugins)" and steps[-1] == "settling the records"
+    assert "import vllm.model" in steps
+    data = json.loads(report)
+    assert {r["name"]: r["state"] for r in data["records"]}["fixture.forward"] == "applied"
+    assert (data["trigger"], data["strict"], data["import_errors"]) == ("doctor", False, {})
+
+
+def test_doctor_and_ray_helpers_never_import_the_command_line() -> None:
+    """Imports point down: ``cli`` uses ``doctor`` and ``ray_doctor``, never the other way round
+    (the Ray node probe is told which status function to run)."""
+    import ast
+
+    package = ROOT / "src" / "verl_npu_autopatch"
+    for name in ("doctor", "_doctor_child", "ray_doctor"):
+        imported = set()
+        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                imported |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module or ""}
+        assert not {m for m in imported if m.split(".")[:2] == ["verl_npu_autopatch", "cli"]}, name

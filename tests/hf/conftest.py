@@ -18,7 +18,7 @@ if str(HERE) not in sys.path:
 
 import npu_emulation  # noqa: E402
 import transformers  # noqa: E402,F401  (the process-wide engine activates now, before the test double exists)
-from tiny_configs import MROPE, rope_arguments  # noqa: E402
+from tiny_configs import DIMS, LINEAR, MOE, MROPE, rope_arguments  # noqa: E402
 
 from verl_npu_autopatch.config import Config  # noqa: E402
 from verl_npu_autopatch.engine import Engine  # noqa: E402
@@ -29,27 +29,6 @@ ALL_PATCHES = [*transformers_npu.PATCHES, *liger.PATCHES]
 #: Families whose modeling module exists in the installed transformers.
 MODELS_DIR = Path(importlib.util.find_spec("transformers.models").origin).parent
 PRESENT = [f for f in transformers_npu.MODELS if (MODELS_DIR / f / f"modeling_{f}.py").exists()]
-
-DIMS = dict(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-    rms_norm_eps=1e-6,
-)
-MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True, decoder_sparse_step=1)
-LINEAR = dict(
-    layer_types=["linear_attention", "full_attention"],
-    linear_conv_kernel_dim=2,
-    linear_key_head_dim=8,
-    linear_value_head_dim=8,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-)
 
 
 def _causal(config_cls: str, model_cls: str, module: str, **extra: Any) -> Callable[[], Any]:

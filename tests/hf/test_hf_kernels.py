@@ -223,3 +223,16 @@ def test_non_silu_mlp_keeps_upstream_forward(npu: Any, make_engine: Any) -> None
     mlp.act_fn = ACT2FN["silu"]
     mlp(x)
     assert npu.calls["npu_swiglu"] == 1
+
+
+def test_one_kernel_table_serves_every_kind() -> None:
+    """Every kind a family lists has its row in ``KERNELS`` and every row is used; the patch
+    summaries and Liger's switches are read from it."""
+    from verl_npu_autopatch.patches import liger
+
+    listed = {kind for family in transformers_npu.MODELS for kind in transformers_npu.kinds(family)}
+    assert listed == set(transformers_npu.KERNELS)
+    for patch in transformers_npu.PATCHES:
+        family, kind = patch.name.split(".")[1:]
+        assert patch.summary == f"{family}: {transformers_npu.KERNELS[kind].summary}"
+    assert liger.LIGER_SWITCH == {"rms_norm": "rms_norm", "mlp": "swiglu", "experts": "swiglu", "rotary": "rope"}

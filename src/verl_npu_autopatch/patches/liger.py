@@ -28,8 +28,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from verl_npu_autopatch.ownership import lookup
 from verl_npu_autopatch.patches import transformers_npu
-from verl_npu_autopatch.patching import marked_by, parameter_names
+from verl_npu_autopatch.patching import marked_by, parameter_names, signature_text
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
 NAME = "liger.arbitration"
@@ -37,8 +38,8 @@ MODULE = "liger_kernel.transformers.monkey_patch"
 TABLE = "MODEL_TYPE_TO_APPLY_LIGER_FN"
 DISPATCHERS = ("_apply_liger_kernel_to_instance", "_apply_liger_kernel")
 
-#: Our kernel kind -> the Liger switch that replaces the same target.
-LIGER_SWITCH = {"rms_norm": "rms_norm", "mlp": "swiglu", "experts": "swiglu", "rotary": "rope"}
+#: Our kernel kind -> the Liger switch that replaces the same target (from ``transformers_npu.KERNELS``).
+LIGER_SWITCH = {kind: kernel.liger for kind, kernel in transformers_npu.KERNELS.items() if kernel.liger}
 
 _via = threading.local()
 
@@ -59,9 +60,8 @@ def check(site: Site) -> Verdict:
     module = site.module
     if not isinstance(getattr(module, TABLE, None), dict):
         return unsupported(f"{MODULE}.{TABLE} (a dict)", type(getattr(module, TABLE, None)).__name__)
-    names = parameter_names(site.value) or ()
-    if names[:1] != ("model",):
-        return unsupported("_apply_liger_kernel_to_instance(model, **kwargs)", f"({', '.join(names)})")
+    if (parameter_names(site.value) or ())[:1] != ("model",):
+        return unsupported("_apply_liger_kernel_to_instance(model, **kwargs)", signature_text(site.value))
     if not _apply_functions(module):
         return unsupported("apply_liger_kernel_to_<qwen family> functions", "none")
     return APPLY
@@ -70,16 +70,12 @@ def check(site: Site) -> Verdict:
 def _liger_took(target: str) -> bool:
     """Whether the live ``module:qualname`` (or the class holding it) now comes from liger_kernel."""
     module_name, _, qualname = target.partition(":")
-    obj: Any = sys.modules.get(module_name)
-    if obj is None or not qualname:
+    module = sys.modules.get(module_name)
+    found = lookup(module, qualname) if module is not None and qualname else None
+    if found is None:
         return False
-    holders = []
-    for part in qualname.split("."):
-        holders.append(obj)
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return False
-    return any(transformers_npu._module_of(o).split(".")[0] == "liger_kernel" for o in [obj, *holders[1:]])
+    holder, value = found
+    return transformers_npu.from_package("liger_kernel", value, holder)
 
 
 def rebound_names(function: Callable) -> dict[str, set[str]] | None:

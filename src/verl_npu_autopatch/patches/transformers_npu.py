@@ -2,10 +2,11 @@
 
 One patch per (family, kernel) — ``transformers.qwen3.rms_norm``, ``transformers.qwen3.mlp``,
 ``transformers.qwen3.rotary``, ``transformers.qwen3_moe.experts`` … — generated from the table
-``MODELS``. Per-kernel names keep the report readable, let ``VERL_NPU_AUTOPATCH_DISABLE`` turn
-off one kernel, and let the Liger-Kernel arbitration (``patches/liger.py``) hand over exactly the
-targets Liger takes (Liger has no gated RMSNorm, so ours stays). Each family is also a group
-(``transformers.qwen3``).
+``MODELS`` (family -> kinds and their targets) and the one kernel table ``KERNELS`` (kind ->
+summary, probe, builder, Liger switch). Per-kernel names keep the report readable, let
+``VERL_NPU_AUTOPATCH_DISABLE`` turn off one kernel, and let the Liger-Kernel arbitration
+(``patches/liger.py``) hand over exactly the targets Liger takes (Liger has no gated RMSNorm, so
+ours stays). Each family is also a group (``transformers.qwen3``).
 
 Each patch applies when its modeling module is imported; a family that is never imported costs
 nothing beyond its hook. Nothing is guessed from versions: every check probes the live code
@@ -17,20 +18,31 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from verl_npu_autopatch.patching import describe, mark, marked_by, normalized_source, parameter_names, set_attribute
+from verl_npu_autopatch.patching import (
+    describe,
+    mark,
+    marked_by,
+    normalized_source,
+    parameter_names,
+    set_attribute,
+    signature_text,
+)
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
 REFERENCE = "https://github.com/verl-project/verl/blob/main/verl/models/transformers/npu_patch.py"
 GROUP = "transformers"
 
-#: family -> ((kind, qualname variants), ...). Kinds: ``rms_norm`` (plain or ``(1+w)``, probed),
-#: ``rms_norm_gated``, ``mlp``/``vision_mlp`` (SwiGLU), ``rotary`` (full or partial, probed),
-#: ``experts`` (fused experts; else, as the second variant, the sparse-MoE block: a legacy
-#: per-expert ``ModuleList`` block, or the 4.57 Qwen3-VL-MoE block around fused experts that take
-#: dense routing weights — the engine tries the block when the experts variant is unsupported).
+#: family -> ((kind, qualname variants), ...). Kinds are the keys of :data:`KERNELS`: ``rms_norm``
+#: (plain or ``(1+w)``, probed), ``rms_norm_gated``, ``mlp``/``vision_mlp`` (SwiGLU), ``rotary``
+#: (full or partial, probed), ``experts`` (fused experts; else, as the second variant, the
+#: sparse-MoE block: a legacy per-expert ``ModuleList`` block, or the 4.57 Qwen3-VL-MoE block
+#: around fused experts that take dense routing weights — the engine tries the block when the
+#: experts variant is unsupported).
 MODELS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "qwen2": (
         ("rms_norm", ("Qwen2RMSNorm.forward",)),
@@ -86,19 +98,6 @@ MODELS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     ),
 }
 
-_SUMMARIES = {
-    "rms_norm": "RMSNorm via torch_npu.npu_rms_norm (plain or (1+w) offset, probed).",
-    "rms_norm_gated": "Gated RMSNorm (norm, then silu(gate)) via torch_npu.npu_rms_norm.",
-    "mlp": "SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
-    "vision_mlp": "Vision SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
-    "rotary": "apply_rotary_pos_emb via torch_npu.npu_rotary_mul (full or partial rotary dim).",
-    "experts": (
-        "MoE experts via npu_moe_token_permute/unpermute + npu_grouped_matmul (custom backward). transformers 5.x: "
-        'registered as experts_implementation="npu_grouped_mm", the default only when the user chose none '
-        "(eager/batched_mm/grouped_mm run upstream); 4.x: the sparse-MoE block forward."
-    ),
-}
-
 
 def module_name(family: str) -> str:
     """The modeling module of ``family`` (``transformers.models.qwen3.modeling_qwen3``)."""
@@ -114,13 +113,17 @@ def _module_of(obj: Any) -> str:
     return getattr(getattr(obj, "__func__", obj), "__module__", None) or ""
 
 
+def from_package(package: str, value: Any, holder: Any) -> bool:
+    """Whether ``value``, or the class ``holder`` holding it (rebound by another owner), comes from
+    top-level package ``package``."""
+    candidates = [value, *([holder] if isinstance(holder, type) else [])]
+    return any(_module_of(obj).split(".")[0] == package for obj in candidates)
+
+
 def _package_owner(site: Site, package: str, label: str) -> str | None:
-    """``"<label> (<function>)"`` when the live value, or the class holding it (rebound by the
-    other owner), comes from top-level package ``package``, else ``None``."""
-    candidates = [site.value, *([site.owner] if isinstance(site.owner, type) else [])]
-    if any(_module_of(obj).split(".")[0] == package for obj in candidates):
-        return f"{label} ({describe(site.value)})"
-    return None
+    """``"<label> (<function>)"`` when the live value, or the class holding it, comes from
+    top-level package ``package``, else ``None``."""
+    return f"{label} ({describe(site.value)})" if from_package(package, site.value, site.owner) else None
 
 
 def liger_owner(site: Site) -> str | None:
@@ -267,91 +270,99 @@ def _probe_block(site: Site, cls: type, cls_source: str, forward_source: str) ->
     return {"block": "fused", "transposed": _fused_layout(experts_cls, experts_source)}
 
 
-def probe(kind: str, site: Site) -> dict[str, Any]:
-    """What the fix needs to know about the live target; raises :class:`Unfit` when it does not
-    look like code the kernel reproduces."""
-    value = site.value
-    names = _params(value)
-    if kind == "rotary":
-        if names[:4] != ("q", "k", "cos", "sin") or names[4:] not in (
-            ("unsqueeze_dim",),
-            ("position_ids", "unsqueeze_dim"),
-        ):
-            raise Unfit("(q, k, cos, sin[, position_ids], unsqueeze_dim)", f"({', '.join(names)})")
-        source = _source(value, "apply_rotary_pos_emb")
-        if "rotate_half(q" not in source or "repeat_interleave" in source:
-            raise Unfit("rotate-half (NeoX) rotary", "another rotary formula")
-        return {"legacy_position_ids": "position_ids" in names}
+def _probe_rotary(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
+    if names[:4] != ("q", "k", "cos", "sin") or names[4:] not in (
+        ("unsqueeze_dim",),
+        ("position_ids", "unsqueeze_dim"),
+    ):
+        raise Unfit("(q, k, cos, sin[, position_ids], unsqueeze_dim)", signature_text(site.value))
+    source = _source(site.value, "apply_rotary_pos_emb")
+    if "rotate_half(q" not in source or "repeat_interleave" in source:
+        raise Unfit("rotate-half (NeoX) rotary", "another rotary formula")
+    return {"legacy_position_ids": "position_ids" in names}
+
+
+def _class_source(site: Site) -> tuple[type, str]:
+    """The class holding the target ``forward`` and its whitespace-free source."""
     cls = _require_class(site)
-    cls_source = _source(cls, cls.__qualname__)
-    if kind == "rms_norm":
-        if len(names) != 2:
-            raise Unfit("forward(self, hidden_states)", f"forward({', '.join(names)})")
-        offset = bool(_OFFSET.search(cls_source))
-        if not offset and "self.weight*" not in cls_source:
-            raise Unfit("an RMSNorm scaling by self.weight or (1 + self.weight)", "neither")
-        return {"eps_attr": _eps_attr(cls_source), "offset": offset}
-    if kind == "rms_norm_gated":
-        if len(names) != 3 or names[2] != "gate":
-            raise Unfit("forward(self, hidden_states, gate)", f"forward({', '.join(names)})")
-        eps_attr = _eps_attr(cls_source)
-        gated = _GATED.search(cls_source)
-        if not gated or gated.start() < cls_source.index("rsqrt("):
-            raise Unfit("normalise, then multiply by silu(gate)", "a different gating order or activation")
-        return {"eps_attr": eps_attr}
-    if kind in ("mlp", "vision_mlp"):
-        if len(names) != 2:
-            raise Unfit("forward(self, x)", f"forward({', '.join(names)})")
-        x = names[1]
-        expected = f"self.down_proj(self.act_fn(self.gate_proj({x}))*self.up_proj({x}))"
-        if expected not in _source(value, "forward"):
-            raise Unfit("down_proj(act_fn(gate_proj(x)) * up_proj(x))", "another MLP body")
-        return {}
-    if kind == "experts":
-        if names == ("self", "hidden_states", "top_k_index", "top_k_weights"):
-            transposed = _fused_layout(cls, cls_source)
-            return {"block": None, "transposed": transposed, "dispatched": _dispatched(value)}
-        if names == ("self", "hidden_states") and cls.__name__.endswith("SparseMoeBlock"):
-            return _probe_block(site, cls, cls_source, _source(value, "forward"))
-        raise Unfit(
-            "Experts.forward(self, hidden_states, top_k_index, top_k_weights) or "
-            "SparseMoeBlock.forward(self, hidden_states)",
-            f"{getattr(cls, '__name__', '?')}.forward({', '.join(names)})",
-        )
-    raise Unfit(f"a known kernel kind; got {kind!r}", kind)
+    return cls, _source(cls, cls.__qualname__)
 
 
-def check(kind: str, site: Site) -> Verdict:
-    """Apply when the live target has the probed shape, else ``unsupported`` (expected vs found)."""
-    try:
-        probe(kind, site)
-    except Unfit as unfit:
-        expected, found = unfit.args
-        return unsupported(f"{site.target}: {expected}", found)
-    return APPLY
+def _probe_rms_norm(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
+    _, cls_source = _class_source(site)
+    if len(names) != 2:
+        raise Unfit("forward(self, hidden_states)", f"forward{signature_text(site.value)}")
+    offset = bool(_OFFSET.search(cls_source))
+    if not offset and "self.weight*" not in cls_source:
+        raise Unfit("an RMSNorm scaling by self.weight or (1 + self.weight)", "neither")
+    return {"eps_attr": _eps_attr(cls_source), "offset": offset}
 
 
+def _probe_rms_norm_gated(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
+    _, cls_source = _class_source(site)
+    if len(names) != 3 or names[2] != "gate":
+        raise Unfit("forward(self, hidden_states, gate)", f"forward{signature_text(site.value)}")
+    eps_attr = _eps_attr(cls_source)
+    gated = _GATED.search(cls_source)
+    if not gated or gated.start() < cls_source.index("rsqrt("):
+        raise Unfit("normalise, then multiply by silu(gate)", "a different gating order or activation")
+    return {"eps_attr": eps_attr}
+
+
+def _probe_mlp(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
+    _class_source(site)
+    if len(names) != 2:
+        raise Unfit("forward(self, x)", f"forward{signature_text(site.value)}")
+    x = names[1]
+    expected = f"self.down_proj(self.act_fn(self.gate_proj({x}))*self.up_proj({x}))"
+    if expected not in _source(site.value, "forward"):
+        raise Unfit("down_proj(act_fn(gate_proj(x)) * up_proj(x))", "another MLP body")
+    return {}
+
+
+def _probe_experts(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
+    cls, cls_source = _class_source(site)
+    if names == ("self", "hidden_states", "top_k_index", "top_k_weights"):
+        transposed = _fused_layout(cls, cls_source)
+        return {"block": None, "transposed": transposed, "dispatched": _dispatched(site.value)}
+    if names == ("self", "hidden_states") and cls.__name__.endswith("SparseMoeBlock"):
+        return _probe_block(site, cls, cls_source, _source(site.value, "forward"))
+    raise Unfit(
+        "Experts.forward(self, hidden_states, top_k_index, top_k_weights) or "
+        "SparseMoeBlock.forward(self, hidden_states)",
+        f"{getattr(cls, '__name__', '?')}.forward{signature_text(site.value)}",
+    )
+
+
+# --------------------------------------------------------------------------- builders
 def install(owner: Any, attribute: str, replacement: Any, name: str) -> Undo:
     """Set ``owner.attribute = replacement`` marked with ``name``; the undo never clobbers a later
     owner (Liger rebinding the same module attribute), see ``patching.set_attribute``."""
     return set_attribute(owner, attribute, mark(replacement, name))
 
 
-def fix(kind: str, site: Site) -> Undo:
-    """Install the kernel chosen by :func:`probe` on the live target."""
+Replacement = Callable[[Any, Any, dict[str, Any]], Any]
+
+
+def _replacing(make: Replacement) -> Callable[[Site, dict[str, Any]], Undo]:
+    """A builder installing ``make(_npu_kernels, original, found)`` on the target; the kernels
+    (and torch) are imported then, at fix time."""
+
+    def build(site: Site, found: dict[str, Any]) -> Undo:
+        from verl_npu_autopatch.patches import _npu_kernels as kernels
+
+        return install(site.owner, site.attribute, make(kernels, site.value, found), site.patch.name)
+
+    return build
+
+
+def _build_experts(site: Site, found: dict[str, Any]) -> Undo:
+    """A fused experts forward, a legacy or fused sparse-MoE block forward, or (behind
+    transformers' experts dispatcher) the kernel registered as an experts implementation."""
     from verl_npu_autopatch.patches import _npu_kernels as kernels
 
-    found = probe(kind, site)
     original = site.value
-    if kind == "rotary":
-        replacement = kernels.rotary(original, found["legacy_position_ids"])
-    elif kind == "rms_norm":
-        replacement = kernels.rms_norm(original, found["eps_attr"], found["offset"])
-    elif kind == "rms_norm_gated":
-        replacement = kernels.rms_norm_gated(original, found["eps_attr"])
-    elif kind in ("mlp", "vision_mlp"):
-        replacement = kernels.swiglu_mlp(original)
-    elif found["block"] == "legacy":
+    if found["block"] == "legacy":
         replacement = kernels.legacy_moe_block(original)
     elif found["block"] == "fused":
         replacement = kernels.fused_moe_block(original, found["transposed"])
@@ -364,13 +375,93 @@ def fix(kind: str, site: Site) -> Undo:
     return install(site.owner, site.attribute, replacement, site.patch.name)
 
 
+# --------------------------------------------------------------------------- the kernel table
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel kind. ``summary``: what the patch does (after the family name); ``probe(site,
+    parameter names)``: what the fix needs to know about the live target, raising :class:`Unfit`
+    when it does not look like code the kernel reproduces; ``build(site, found)``: installs the
+    kernel from what ``probe`` found and returns the undo; ``liger``: the Liger-Kernel switch of
+    ``apply_liger_kernel_to_<family>`` that replaces the same target (``None``: Liger has none)."""
+
+    summary: str
+    probe: Callable[[Site, tuple[str, ...]], dict[str, Any]]
+    build: Callable[[Site, dict[str, Any]], Undo]
+    liger: str | None = None
+
+
+_SWIGLU_MLP = _replacing(lambda k, original, found: k.swiglu_mlp(original))
+
+KERNELS: dict[str, Kernel] = {
+    "rms_norm": Kernel(
+        "RMSNorm via torch_npu.npu_rms_norm (plain or (1+w) offset, probed).",
+        _probe_rms_norm,
+        _replacing(lambda k, original, found: k.rms_norm(original, found["eps_attr"], found["offset"])),
+        liger="rms_norm",
+    ),
+    "rms_norm_gated": Kernel(
+        "Gated RMSNorm (norm, then silu(gate)) via torch_npu.npu_rms_norm.",
+        _probe_rms_norm_gated,
+        _replacing(lambda k, original, found: k.rms_norm_gated(original, found["eps_attr"])),
+    ),
+    "mlp": Kernel(
+        "SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
+        _probe_mlp,
+        _SWIGLU_MLP,
+        liger="swiglu",
+    ),
+    "vision_mlp": Kernel(
+        "Vision SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).", _probe_mlp, _SWIGLU_MLP
+    ),
+    "rotary": Kernel(
+        "apply_rotary_pos_emb via torch_npu.npu_rotary_mul (full or partial rotary dim).",
+        _probe_rotary,
+        _replacing(lambda k, original, found: k.rotary(original, found["legacy_position_ids"])),
+        liger="rope",
+    ),
+    "experts": Kernel(
+        "MoE experts via npu_moe_token_permute/unpermute + npu_grouped_matmul (custom backward). transformers "
+        '5.x: registered as experts_implementation="npu_grouped_mm", the default only when the user chose none '
+        "(eager/batched_mm/grouped_mm run upstream); 4.x: the sparse-MoE block forward.",
+        _probe_experts,
+        _build_experts,
+        liger="swiglu",
+    ),
+}
+
+
+def probe(kind: str, site: Site) -> dict[str, Any]:
+    """What the fix needs to know about the live target; raises :class:`Unfit` when it does not
+    look like code the kernel reproduces."""
+    names = _params(site.value)
+    kernel = KERNELS.get(kind)
+    if kernel is None:
+        raise Unfit(f"a known kernel kind; got {kind!r}", kind)
+    return kernel.probe(site, names)
+
+
+def check(kind: str, site: Site) -> Verdict:
+    """Apply when the live target has the probed shape, else ``unsupported`` (expected vs found)."""
+    try:
+        probe(kind, site)
+    except Unfit as unfit:
+        expected, found = unfit.args
+        return unsupported(f"{site.target}: {expected}", found)
+    return APPLY
+
+
+def fix(kind: str, site: Site) -> Undo:
+    """Install the kernel chosen by :func:`probe` on the live target."""
+    return KERNELS[kind].build(site, probe(kind, site))
+
+
 def family_patches(family: str, module: str | None = None) -> list[Patch]:
     """The patches of one family, targeting ``module`` (default: its transformers modeling module)."""
     module = module or module_name(family)
     return [
         Patch(
             name=patch_name(family, kind),
-            summary=f"{family}: {_SUMMARIES[kind]}",
+            summary=f"{family}: {KERNELS[kind].summary}",
             reference=REFERENCE,
             groups=(GROUP, f"{GROUP}.{family}"),
             targets=tuple(Target(module, qualname) for qualname in variants),

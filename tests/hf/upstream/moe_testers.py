@@ -9,38 +9,15 @@ import importlib
 import unittest
 from typing import Any
 
+import tiny_configs  # tests/hf, on sys.path (conftest.py of the child)
 import torch
-from tiny_configs import rope_arguments  # tests/hf, on sys.path (conftest.py of the child)
 
 from .test_modeling_common import ModelTesterMixin
 
-DIMS = dict(
-    vocab_size=99,
-    hidden_size=32,
-    intermediate_size=37,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-    hidden_act="silu",
-    num_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=16,
-    norm_topk_prob=True,
-    decoder_sparse_step=1,
-    pad_token_id=0,
-)
-LINEAR = dict(
-    layer_types=["linear_attention", "full_attention"],
-    linear_conv_kernel_dim=2,
-    linear_key_head_dim=8,
-    linear_value_head_dim=8,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    shared_expert_intermediate_size=24,
-)
-MROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}
+#: The shared tiny dimensions with MoE, SiLU experts (so our kernel fits) and a padding token.
+DIMS = {**tiny_configs.DIMS, **tiny_configs.MOE, "hidden_act": "silu", "pad_token_id": 0}
+LINEAR = {**tiny_configs.LINEAR, "shared_expert_intermediate_size": 24}
+MROPE = {"rope_parameters": tiny_configs.MROPE}
 
 #: family -> (config class, model class, extra config arguments)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -74,7 +51,7 @@ class Tester:
             setattr(self, name, value)
 
     def get_config(self) -> Any:
-        return self.config_cls(**{**DIMS, **rope_arguments(self.config_cls, self.extra)})
+        return self.config_cls(**{**DIMS, **tiny_configs.rope_arguments(self.config_cls, self.extra)})
 
     def prepare_config_and_inputs_for_common(self) -> tuple[Any, dict[str, torch.Tensor]]:
         input_ids = torch.randint(1, self.vocab_size, (self.batch_size, self.seq_length))

@@ -1,0 +1,57 @@
+"""The ``doctor`` child: run by :func:`verl_npu_autopatch.doctor.run_doctor` in a fresh interpreter
+of the environment as ``python -m verl_npu_autopatch._doctor_child``.
+
+It activates the engine, imports every target that can be imported, settles the records and prints
+the report as JSON after :data:`DOCTOR_MARK`. Before each step it prints a progress line after
+:data:`STEP_MARK`, so a parent that times out can say what was still running. Nothing of the
+package beyond this module is imported before the first step is announced.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+DOCTOR_MARK = "@@verl-npu-autopatch-doctor@@"
+STEP_MARK = "@@verl-npu-autopatch-step@@"
+
+
+def step(what: str) -> None:
+    """Announce the step about to run (flushed: the parent may kill us in the middle of it)."""
+    sys.stdout.write("\n" + STEP_MARK + what + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    """Activate, import every pending target, print the report."""
+    step("activation (loading the catalogue and the plugins)")
+    import verl_npu_autopatch
+    from verl_npu_autopatch.config import read_config
+    from verl_npu_autopatch.engine import engine
+
+    verl_npu_autopatch.activate("doctor")
+    eng = engine()
+    absent: set[str] = set()
+    errors: dict[str, str] = {}
+    for module in eng.pending_modules():
+        step("import " + module)
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+                absent.add(module)
+            else:
+                errors[module] = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            errors[module] = f"{type(exc).__name__}: {exc}"
+    step("settling the records")
+    eng.settle(absent)
+    data = verl_npu_autopatch.report().to_dict()
+    data["import_errors"] = errors
+    data["strict"] = read_config().strict
+    sys.stdout.write("\n" + DOCTOR_MARK + json.dumps(data))
+
+
+if __name__ == "__main__":
+    main()

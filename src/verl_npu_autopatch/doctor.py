@@ -1,0 +1,105 @@
+"""``verl-npu-autopatch doctor``: run the doctor child (:mod:`verl_npu_autopatch._doctor_child`) in
+a fresh interpreter of this environment, read its report, print it and choose the exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from verl_npu_autopatch._doctor_child import DOCTOR_MARK, STEP_MARK
+from verl_npu_autopatch.records import table
+
+#: Seconds the doctor child may run (a cold vLLM import takes about a minute on a slow disk).
+DOCTOR_TIMEOUT_S = 600.0
+
+#: ``doctor`` exit codes: all well / a patch failed / the child crashed or activation failed /
+#: the child did not finish within ``--timeout``.
+OK, PATCH_FAILED, CRASHED, TIMED_OUT = 0, 1, 2, 3
+
+#: The command line of the doctor child, after the interpreter.
+CHILD = ("-m", "verl_npu_autopatch._doctor_child")
+
+
+def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S) -> dict[str, Any]:
+    """Run the doctor child: a fresh interpreter of this environment imports every target. It
+    runs in its own session, so a timeout ends it and anything it started."""
+    import signal
+
+    env = dict(os.environ)
+    if device:
+        env["VERL_NPU_AUTOPATCH_DEVICE"] = device
+    proc = subprocess.Popen(
+        [sys.executable, *CHILD],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        stdout, stderr = proc.communicate()
+        steps = [line.split(STEP_MARK, 1)[1] for line in stdout.splitlines() if STEP_MARK in line]
+        running = steps[-1] if steps else "interpreter start-up"
+        return {
+            "status": "timed-out",
+            "reason": f"the doctor child did not finish within {timeout:g} s; still running: {running}",
+            "running": running,
+            "stderr": stderr,
+        }
+    if DOCTOR_MARK not in stdout:
+        return {"status": "crashed", "reason": f"doctor child exited {proc.returncode}", "stderr": stderr}
+    data = json.loads(stdout.rsplit(DOCTOR_MARK, 1)[1])
+    data["stderr"] = stderr
+    return data
+
+
+def doctor_exit_code(data: dict[str, Any]) -> int:
+    """``doctor``'s exit code for the child's report (strict: ``unsupported`` fails too)."""
+    if data["status"] == "timed-out":
+        return TIMED_OUT
+    if data["status"] in ("crashed", "failed"):
+        return CRASHED
+    bad = ("failed", "superseded", "unsupported") if data.get("strict") else ("failed", "superseded")
+    return PATCH_FAILED if any(r["state"] in bad for r in data["records"]) else OK
+
+
+def print_doctor(data: dict[str, Any]) -> None:
+    """The report as ``doctor`` prints it: the engine line, the records table, what went wrong."""
+    if data["status"] == "timed-out":
+        print(f"doctor: TIMED OUT: {data['reason']}\n{data['stderr']}")
+        return
+    if data["status"] == "crashed":
+        print(f"doctor: the child interpreter crashed ({data['reason']})\n{data['stderr']}")
+        return
+    print(f"engine: {data['status']} ({data['reason']}); device: {data['device']}; pid {data['pid']}")
+    if data["status"] == "inactive" and data["reason"].startswith("switched off"):
+        print("patching is switched off in this environment: unset VERL_NPU_AUTOPATCH (or set it to 1) to turn it on")
+    elif data["status"] == "inactive" and not data["records"]:
+        print("nothing is patched on this host; `verl-npu-autopatch doctor --device npu` is a dry run of an NPU host")
+    for text in data["warnings"]:
+        print(f"WARNING: {text}")
+    rows = [[r["name"], r["state"], r["target"], r["reason"]] for r in data["records"]]
+    if rows:
+        print(table(rows, ["patch", "state", "target", "why"]))
+    for module, error in data.get("import_errors", {}).items():
+        print(f"could not import {module}: {error}")
+    superseded = [r["name"] for r in data["records"] if r["state"] == "superseded"]
+    if superseded:
+        print(
+            f"\nSUPERSEDED: {', '.join(superseded)}: the fix was installed, but something else runs there now "
+            "(the why column names it; see docs/troubleshooting.md, Record states)"
+        )
+    failed = [r["name"] for r in data["records"] if r["state"] == "failed"]
+    if failed:
+        print(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{data['stderr']}")
+    elif data["status"] == "failed":
+        print(f"\n{data['stderr']}")
