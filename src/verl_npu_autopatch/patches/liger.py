@@ -32,6 +32,9 @@ from verl_npu_autopatch.patches import transformers_npu
 from verl_npu_autopatch.patching import marked_by, parameter_names
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 40
+
 NAME = "liger.arbitration"
 MODULE = "liger_kernel.transformers.monkey_patch"
 TABLE = "MODEL_TYPE_TO_APPLY_LIGER_FN"

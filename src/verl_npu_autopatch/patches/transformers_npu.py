@@ -20,8 +20,12 @@ import sys
 from functools import partial
 from typing import Any
 
+from verl_npu_autopatch.patches._verl import from_verl
 from verl_npu_autopatch.patching import describe, mark, marked_by, normalized_source, parameter_names, set_attribute
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 30
 
 REFERENCE = "https://github.com/verl-project/verl/blob/main/verl/models/transformers/npu_patch.py"
 GROUP = "transformers"
@@ -131,7 +135,8 @@ def liger_owner(site: Site) -> str | None:
 def verl_owner(site: Site) -> str | None:
     """verl's in-tree ``npu_patch`` replaced the target (or rebound the class holding it, as for
     Qwen3-VL-MoE's block): the same torch_npu kernels, so either may run; the record names who does."""
-    return _package_owner(site, "verl", "verl")
+    candidates = [site.value, *([site.owner] if isinstance(site.owner, type) else [])]
+    return f"verl ({describe(site.value)})" if any(from_verl(obj) for obj in candidates) else None
 
 
 def enclosing(family: str, kind: str) -> tuple[str, ...]:
