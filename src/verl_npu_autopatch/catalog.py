@@ -9,6 +9,18 @@ from types import ModuleType
 
 from verl_npu_autopatch.spec import Patch
 
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "LAST",
+    "PACKAGE",
+    "Catalogue",
+    "builtin",
+    "families",
+    "load",
+    "names_and_groups",
+    "plugins",
+]
+
 #: The package holding the built-in patch families.
 PACKAGE = "verl_npu_autopatch.patches"
 #: Catalogue position of a family module that declares no ``ORDER``: after the others.

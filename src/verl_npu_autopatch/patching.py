@@ -11,6 +11,24 @@ from typing import Any
 
 from verl_npu_autopatch.spec import Undo
 
+__all__ = [
+    "ABSENT",
+    "MARKER",
+    "chain",
+    "definition",
+    "describe",
+    "mark",
+    "marked_by",
+    "normalized_source",
+    "origin",
+    "own_value",
+    "parameter_names",
+    "replace_method",
+    "set_attribute",
+    "signature_text",
+    "statements",
+]
+
 #: Attribute set on everything a fix installs; its value is the patch name.
 MARKER = "__verl_npu_autopatch__"
 #: Set next to ``MARKER``: the marked function itself. ``functools.wraps`` copies a function's

@@ -7,6 +7,19 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
 
+__all__ = [
+    "APPLY",
+    "Device",
+    "Patch",
+    "Site",
+    "StaticRule",
+    "Target",
+    "Undo",
+    "Verdict",
+    "fixed_upstream",
+    "unsupported",
+]
+
 #: Undoes a fix. Returned by every ``fix``.
 Undo = Callable[[], None]
 

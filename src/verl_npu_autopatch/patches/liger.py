@@ -23,12 +23,12 @@ import ast
 import functools
 import inspect
 import sys
-import textwrap
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.patches import transformers_npu
+from verl_npu_autopatch.patching import definition as parsed_definition
 from verl_npu_autopatch.patching import marked_by, parameter_names
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
@@ -90,11 +90,7 @@ def rebound_names(function: Callable) -> dict[str, set[str]] | None:
     in the branches that run when that switch is on, with branches on module-level booleans
     (``IS_TRANSFORMERS_V5_OR_LATER``) decided by their live value; ``None`` without source."""
     function = inspect.unwrap(function)
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    except (OSError, TypeError, SyntaxError):
-        return None
-    definition = tree.body[0]
+    definition = parsed_definition(function)
     if not isinstance(definition, ast.FunctionDef):
         return None
     switches = {arg.arg for arg in definition.args.args + definition.args.kwonlyargs}
