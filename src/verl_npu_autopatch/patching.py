@@ -25,6 +25,7 @@ __all__ = [
     "parameter_names",
     "replace_method",
     "set_attribute",
+    "set_marked",
     "signature_text",
     "statements",
 ]
@@ -89,6 +90,11 @@ def set_attribute(owner: Any, name: str, value: Any, original: Any = _READ) -> U
             setattr(owner, name, original)
 
     return undo
+
+
+def set_marked(owner: Any, name: str, value: Any, patch_name: str, original: Any = _READ) -> Undo:
+    """:func:`set_attribute` of ``value`` marked as installed by ``patch_name`` (:func:`mark`)."""
+    return set_attribute(owner, name, mark(value, patch_name), original)
 
 
 def chain(*undos: Undo) -> Undo:

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
-from verl_npu_autopatch.patching import ABSENT, definition, own_value, set_attribute, signature_text, statements
+from verl_npu_autopatch.patching import (
+    ABSENT,
+    definition,
+    marked_by,
+    own_value,
+    set_attribute,
+    set_marked,
+    signature_text,
+    statements,
+)
 
 
 def test_set_attribute_restores_a_given_original() -> None:
@@ -44,3 +53,21 @@ def test_definition_and_statements_skip_the_docstring() -> None:
     assert node is not None and node.name == "documented"
     assert [type(s).__name__ for s in statements(node)] == ["Return"]
     assert definition(len) is None
+
+
+def test_set_marked_marks_and_never_clobbers_a_later_owner() -> None:
+    def upstream():
+        return "upstream"
+
+    def ours():
+        return "ours"
+
+    def later():
+        return "later"
+
+    holder = type("Holder", (), {"f": staticmethod(upstream)})
+    undo = set_marked(holder, "f", ours, "test.marked")
+    assert marked_by(holder.__dict__["f"]) == "test.marked"
+    holder.f = later
+    undo()
+    assert holder.__dict__["f"] is later

@@ -31,7 +31,7 @@ from verl_npu_autopatch.patches._fingerprints import (
     imports_module_unconditionally,
     params_mismatch,
 )
-from verl_npu_autopatch.patching import mark, own_value, set_attribute
+from verl_npu_autopatch.patching import own_value, set_marked
 from verl_npu_autopatch.spec import (
     APPLY,
     Patch,
@@ -91,7 +91,7 @@ def _fix(site: Site) -> Undo:
     original = own_value(capturer, "capture")
     # Importing the module assigns its capture (once: re-applied after an undo, it is cached).
     installed = importlib.import_module(CAPTURE).capture
-    return set_attribute(capturer, "capture", mark(installed, site.patch.name), original)
+    return set_marked(capturer, "capture", installed, site.patch.name, original)
 
 
 def _static(tree: UpstreamTree) -> Verdict:

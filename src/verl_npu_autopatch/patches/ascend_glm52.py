@@ -48,7 +48,7 @@ from typing import Any
 
 from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree, params_mismatch
 from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, over_verl, peel, yield_to_verl
-from verl_npu_autopatch.patching import chain, mark, replace_method, set_attribute, signature_text
+from verl_npu_autopatch.patching import chain, replace_method, set_marked, signature_text
 from verl_npu_autopatch.spec import (
     APPLY,
     Patch,
@@ -211,7 +211,7 @@ def _fix_kv_b_proj(site: Site) -> Undo:
 
         return claim(process_weights_after_loading, GLM52_MARKER)
 
-    undo_dispose = set_attribute(site.module, "dispose_layer", mark(dispose_layer, name))
+    undo_dispose = set_marked(site.module, "dispose_layer", dispose_layer, name)
     return chain(undo_dispose, replace_method(site.owner, site.attribute, make, name))
 
 

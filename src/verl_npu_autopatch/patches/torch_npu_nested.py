@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.patches._fingerprints import ModuleSource, UpstreamTree
-from verl_npu_autopatch.patching import chain, mark, marked_by, set_attribute
+from verl_npu_autopatch.patching import chain, marked_by, set_marked
 from verl_npu_autopatch.spec import (
     APPLY,
     Patch,
@@ -135,7 +135,7 @@ def _fix(site: Site) -> Undo:
         # which would replace ours and leave the record claiming a target it no longer holds.
         del unintercepted.__wrapped__
         unintercepted.__signature__ = _signature(original)
-        undos.append(set_attribute(site.owner, name, mark(unintercepted, site.patch.name)))
+        undos.append(set_marked(site.owner, name, unintercepted, site.patch.name))
     return chain(*undos)
 
 
