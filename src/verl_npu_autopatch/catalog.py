@@ -3,36 +3,51 @@
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Iterable
+from types import ModuleType
 
 from verl_npu_autopatch.spec import Patch
 
-#: Built-in patch families, in catalogue order; each module exposes ``PATCHES``.
-FAMILIES: tuple[str, ...] = (
-    "vllm_moe",
-    "vllm_rotary",
-    "transformers_npu",
-    "liger",
-    "ascend_glm52",
-    "ascend_camem",
-    "ascend_capture",
-    "vllm_engine",
-    "verl_vllm",
-    "tensordict_sync",
-    "torch_npu_nested",
-    "megatron_mtp",
-)
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "LAST",
+    "PACKAGE",
+    "Catalogue",
+    "builtin",
+    "families",
+    "load",
+    "names_and_groups",
+    "plugins",
+]
+
+#: The package holding the built-in patch families.
+PACKAGE = "verl_npu_autopatch.patches"
+#: Catalogue position of a family module that declares no ``ORDER``: after the others.
+LAST = 1_000_000
+
 
 #: Entry-point group for third-party patch specs. An entry point may name a ``Patch``, an
 #: iterable of them, or a zero-argument callable returning either.
 ENTRY_POINT_GROUP = "verl_npu_autopatch.patches"
 
 
-def builtin() -> list[Patch]:
+def families(package: str = PACKAGE) -> list[ModuleType]:
+    """The built-in patch families, in catalogue order: every public module of ``package`` (its
+    ``_private`` modules are helpers, not families), found on disk, so a new module there joins the
+    catalogue with no other edit. Ordered by the module's ``ORDER`` (absent: last), then by name.
+    Each exposes ``PATCHES``."""
+    root = importlib.import_module(package)
+    names = sorted(m.name for m in pkgutil.iter_modules(root.__path__) if not m.name.startswith("_"))
+    modules = [importlib.import_module(f"{package}.{name}") for name in names]
+    return sorted(modules, key=lambda m: (getattr(m, "ORDER", LAST), m.__name__))
+
+
+def builtin(package: str = PACKAGE) -> list[Patch]:
     """The built-in patches, in catalogue order."""
     patches: list[Patch] = []
-    for family in FAMILIES:
-        patches += importlib.import_module(f"verl_npu_autopatch.patches.{family}").PATCHES
+    for family in families(package):
+        patches += family.PATCHES
     return patches
 
 

@@ -18,6 +18,7 @@ from verl_npu_autopatch import __version__, catalog, gates, probes
 from verl_npu_autopatch.config import VARIABLES, read_config
 from verl_npu_autopatch.doctor import DOCTOR_TIMEOUT_S, TIMED_OUT, doctor_exit_code, print_doctor, run_doctor
 from verl_npu_autopatch.records import table
+from verl_npu_autopatch.spec import Patch, Target
 
 #: Distributions whose versions ``status`` shows.
 SHOWN_DISTRIBUTIONS = (
@@ -44,6 +45,22 @@ def install_files() -> list[str]:
     return found
 
 
+def _with_requires(target: Target) -> str:
+    return str(target) + (f" ({', '.join(target.requires)})" if target.requires else "")
+
+
+def touches(patch: Patch) -> list[str]:
+    """Everything ``patch`` declares it touches, one line each: its targets, then the triggers whose
+    import runs it, the secondary sites its fix also changes and the upstream files its static rule
+    reads for the decision table."""
+    lines = [_with_requires(t) for t in patch.targets]
+    lines += [f"triggered by {_with_requires(t)}" for t in patch.triggers]
+    lines += [f"also changes {t}" for t in patch.secondary]
+    if patch.static is not None:
+        lines.append("decision table reads " + ", ".join(patch.static.reads))
+    return lines
+
+
 def status_data() -> dict[str, Any]:
     """This environment, configuration, device decision and each patch's gates, without
     importing any target."""
@@ -66,7 +83,8 @@ def status_data() -> dict[str, Any]:
                 "groups": list(patch.groups),
                 "state": "would apply" if state == "pending" else state,
                 "reason": inert if state == "inactive" else plan.reason,
-                "targets": [str(t) for t in (plan.variants or patch.targets)],
+                "targets": [str(t) for t in (plan.variants or patch.hooks)],
+                "touches": touches(patch),
                 "versions": plan.versions,
             }
         )
@@ -110,6 +128,11 @@ def print_status(data: dict[str, Any]) -> None:
     rows += [[name, "disabled", off] for name in data["skipped_entry_points"]]
     print()
     print(table(rows, ["patch", "decision", "why"]) if rows else "no patches in the catalogue")
+    if data["patches"]:
+        print()
+        print("what each patch touches:")
+        for plan in data["patches"]:
+            print(f"  {plan['name']}: " + "; ".join(plan["touches"]))
 
 
 def catalogue_data() -> list[dict[str, Any]]:
@@ -121,12 +144,22 @@ def catalogue_data() -> list[dict[str, Any]]:
             "default": "on" if p.default else "opt-in",
             "device": p.device,
             "requires": list(p.requires),
-            "targets": [str(t) + (f" ({', '.join(t.requires)})" if t.requires else "") for t in p.targets],
+            "targets": [_with_requires(t) for t in p.targets],
+            "touches": touches(p),
             "summary": p.summary,
             "reference": p.reference,
         }
         for p in patches
     ]
+
+
+def _markdown_site(line: str) -> str:
+    """One line of :func:`touches` in the catalogue table: places and files as code."""
+    for label in ("triggered by ", "also changes ", "decision table reads "):
+        if line.startswith(label):
+            items = line[len(label) :].split(", ") if label.endswith("reads ") else [line[len(label) :]]
+            return label + ", ".join(f"`{item}`" for item in items)
+    return f"`{line}`"
 
 
 def catalogue_markdown(entries: list[dict[str, Any]]) -> str:
@@ -143,7 +176,7 @@ def catalogue_markdown(entries: list[dict[str, Any]]) -> str:
         summary = e["summary"] + (f" ([reference]({e['reference']}))" if e["reference"] else "")
         lines.append(
             f"| `{e['name']}` | {', '.join(e['groups'])} | {e['default']} | {e['device']} | "
-            f"{', '.join(e['requires']) or '-'} | {'<br>'.join(f'`{t}`' for t in e['targets'])} | {summary} |"
+            f"{', '.join(e['requires']) or '-'} | {'<br>'.join(_markdown_site(t) for t in e['touches'])} | {summary} |"
         )
     lines += ["", "Configuration variables:", ""]
     lines += [f"- `{name}`: {meaning}" for name, meaning in VARIABLES.items()]

@@ -182,14 +182,14 @@ class Engine:
             else:
                 unique[patch.name] = patch
         if self is _ENGINE:  # from now on guard only the target packages
-            tops = {t.module.partition(".")[0] for p in unique.values() for t in p.targets}
+            tops = {t.module.partition(".")[0] for p in unique.values() for t in p.hooks}
             verl_npu_autopatch.guard(self._activator, tops)
         plans = {name: gates.plan(patch, config) for name, patch in unique.items()}
         with self._lock:
             self.status, self.reason = "active", f"activated by {self.trigger}"
             for name, plan in plans.items():
                 self.patches[name] = unique[name]
-                targets = plan.variants or unique[name].targets
+                targets = plan.variants or unique[name].hooks
                 self.records[name] = Record(name, unique[name].groups, " | ".join(map(str, targets)), "pending")
                 self.records[name].versions = plan.versions
                 if plan.variants:

@@ -69,7 +69,7 @@ def plan(patch: Patch, config: Config) -> Plan:
     if patch.device == "npu-stack" and config.device != "npu" and not probes.npu_stack_installed():
         return Plan("gated", "needs the NPU stack (torch_npu)", versions, ())
     variants, failures = [], {}
-    for target in patch.targets:
+    for target in patch.hooks:
         package = target.module.partition(".")[0]
         failure = "" if probes.findable(package) else f"package {package} is not installed"
         failure = failure or first_failure(target.requires, versions)

@@ -1,13 +1,34 @@
-"""Small tools every fix uses: replace an attribute with an undo, mark what we install, fingerprint
-upstream source."""
+"""Small tools every fix uses: replace an attribute with an undo, mark what we install, read and
+describe upstream callables."""
 
 from __future__ import annotations
 
+import ast
 import inspect
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from verl_npu_autopatch.spec import Undo
+
+__all__ = [
+    "ABSENT",
+    "MARKER",
+    "chain",
+    "definition",
+    "describe",
+    "mark",
+    "marked_by",
+    "normalized_source",
+    "origin",
+    "own_value",
+    "parameter_names",
+    "replace_method",
+    "set_attribute",
+    "set_marked",
+    "signature_text",
+    "statements",
+]
 
 #: Attribute set on everything a fix installs; its value is the patch name.
 MARKER = "__verl_npu_autopatch__"
@@ -16,7 +37,9 @@ MARKER = "__verl_npu_autopatch__"
 #: ``MARKER`` too; only this back-reference tells the marked function from such a wrapper.
 _MARKED = "__verl_npu_autopatch_function__"
 
-_MISSING = object()
+#: "No such attribute in the owner's own ``__dict__``" for :func:`own_value` / :func:`set_attribute`.
+ABSENT: Any = object()
+_READ: Any = object()
 
 
 def mark(obj: Any, patch_name: str) -> Any:
@@ -36,21 +59,29 @@ def marked_by(obj: Any) -> str | None:
     return getattr(func, MARKER, None)
 
 
-def set_attribute(owner: Any, name: str, value: Any) -> Undo:
+def own_value(owner: Any, name: str) -> Any:
+    """What ``owner.__dict__`` holds under ``name`` (not inherited), or :data:`ABSENT`."""
+    return getattr(owner, "__dict__", {}).get(name, ABSENT)
+
+
+def set_attribute(owner: Any, name: str, value: Any, original: Any = _READ) -> Undo:
     """Set ``owner.name = value`` and return an undo that restores exactly what was there.
 
     The original is read from ``owner.__dict__`` where it has one, so an inherited attribute is
     removed again on undo rather than copied down, and a ``staticmethod`` stays a ``staticmethod``.
+    Pass ``original`` (from :func:`own_value`, :data:`ABSENT` for none) when something else already
+    replaced the attribute before the fix runs (an upstream module the fix imports assigns it).
     The undo acts only while ``value`` is still in place: it never clobbers a later owner of the
     attribute (e.g. Liger-Kernel rebinding the same name after us).
     """
-    original = getattr(owner, "__dict__", {}).get(name, _MISSING)
+    if original is _READ:
+        original = own_value(owner, name)
     setattr(owner, name, value)
 
     def undo() -> None:
-        if getattr(owner, "__dict__", {}).get(name, _MISSING) is not value:
+        if own_value(owner, name) is not value:
             return
-        if original is _MISSING:
+        if original is ABSENT:
             try:
                 delattr(owner, name)
             except AttributeError:
@@ -59,6 +90,11 @@ def set_attribute(owner: Any, name: str, value: Any) -> Undo:
             setattr(owner, name, original)
 
     return undo
+
+
+def set_marked(owner: Any, name: str, value: Any, patch_name: str, original: Any = _READ) -> Undo:
+    """:func:`set_attribute` of ``value`` marked as installed by ``patch_name`` (:func:`mark`)."""
+    return set_attribute(owner, name, mark(value, patch_name), original)
 
 
 def chain(*undos: Undo) -> Undo:
@@ -103,11 +139,28 @@ def parameter_names(obj: Any) -> tuple[str, ...] | None:
         return None
 
 
-def signature_text(func: Any) -> str:
-    """``(a, b, c)``: the parameter names of a callable for reports; ``(unknown)`` without an
-    inspectable signature."""
-    names = parameter_names(func)
-    return "(unknown)" if names is None else f"({', '.join(names)})"
+def signature_text(params: Iterable[str] | None) -> str:
+    """``(a, b, c)`` for reports; ``(unknown)`` when there is no signature."""
+    return "(unknown)" if params is None else f"({', '.join(params)})"
+
+
+def definition(obj: Any) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | None:
+    """The parsed definition of a live function or class (its own source lines, dedented), or
+    ``None`` when it has no readable source."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(obj, "__func__", obj))))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    node = tree.body[0] if tree.body else None
+    return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+
+
+def statements(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
+    """The statements of a function's body without its docstring."""
+    body = list(node.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return body
 
 
 def describe(obj: Any) -> str:

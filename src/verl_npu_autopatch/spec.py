@@ -1,4 +1,4 @@
-"""The declarative patch spec: what a patch targets, when it may run, how it checks and fixes."""
+"""The declarative patch spec: everything a patch touches, when it may run, how it checks and fixes."""
 
 from __future__ import annotations
 
@@ -6,6 +6,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
+
+__all__ = [
+    "APPLY",
+    "Device",
+    "Patch",
+    "Site",
+    "StaticRule",
+    "Target",
+    "Undo",
+    "Verdict",
+    "fixed_upstream",
+    "unsupported",
+]
 
 #: Undoes a fix. Returned by every ``fix``.
 Undo = Callable[[], None]
@@ -62,6 +75,25 @@ def unsupported(expected: str, found: str) -> Verdict:
 
 
 @dataclass(frozen=True)
+class StaticRule:
+    """A patch's decision on a release's source, read and never executed (``scripts/compat-matrix``).
+
+    ``decide(tree)`` takes an ``UpstreamTree`` (``patches/_fingerprints.py``) and returns the
+    ``Verdict`` the live ``check`` would; ``reads`` names the upstream files it reads, as laid out in
+    the installed packages (``"vllm/v1/engine/core.py"``); ``note(tree)`` optionally adds what a
+    user needs to know about a release whatever the state (or returns ``None``).
+    """
+
+    decide: Callable[[Any], Verdict]
+    reads: tuple[str, ...]
+    note: Callable[[Any], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.reads or any(not f.endswith(".py") or f.startswith("/") for f in self.reads):
+            raise ValueError(f"StaticRule.reads must name upstream .py files by relative path, got {self.reads!r}")
+
+
+@dataclass(frozen=True)
 class Site:
     """The live target a patch is about to check and fix.
 
@@ -92,6 +124,12 @@ class Patch:
     ``via`` names enclosing callables the target is only reached through (experts through the
     MoE block's forward): when another owner holds one of them, our fix does not run, so the
     record is ``yielded`` (owner recognised by a detector) or ``superseded`` (unknown owner).
+
+    Everything else the patch touches is declared too, so ``status`` and ``docs/patches.md`` show
+    it: ``triggers`` are places whose import runs the patch but which it does not change (the
+    engine hooks and resolves the ``Site`` on them instead of on ``targets``; e.g. a package's
+    ``__file__``); ``secondary`` are further attributes the fix replaces besides the target;
+    ``static`` is its rule on a release's source for the decision table.
     """
 
     name: str
@@ -106,6 +144,9 @@ class Patch:
     default: bool = True
     yields_to: tuple[Callable[[Site], str | None], ...] = ()
     via: tuple[Target, ...] = ()
+    triggers: tuple[Target, ...] = ()
+    secondary: tuple[Target, ...] = ()
+    static: StaticRule | None = None
 
     def __post_init__(self) -> None:
         if not self.name or " " in self.name:
@@ -116,6 +157,11 @@ class Patch:
             raise ValueError(f"patch {self.name}: unknown device requirement {self.device!r}")
 
     @property
-    def modules(self) -> tuple[str, ...]:
-        """The target modules, in variant order, without repeats."""
-        return tuple(dict.fromkeys(t.module for t in self.targets))
+    def hooks(self) -> tuple[Target, ...]:
+        """Where the engine hooks and resolves the site, in variant order: the triggers when the
+        patch declares any, else its targets."""
+        return self.triggers or self.targets
+
+    def touches(self) -> tuple[Target, ...]:
+        """Every place the patch declares: hooks first, then targets and secondary sites."""
+        return tuple(dict.fromkeys((*self.triggers, *self.targets, *self.secondary)))

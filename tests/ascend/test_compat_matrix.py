@@ -112,10 +112,10 @@ def _fake_vllm_release(script, cache, version: str) -> None:
     files.mkdir(parents=True)
     for suffix in ("", ".sha256"):  # the real newest release, for the comparison
         os.link(script.CACHE / "files" / (base.filename + suffix), files / (base.filename + suffix))
-    root = script.extract(base, script.VLLM_FILES)
+    root = script.extract(base, script.read_files("vllm"))
     fake = files / f"vllm-{version}.tar.gz"
     with tarfile.open(fake, "w:gz") as tar:
-        for name in script.VLLM_FILES:
+        for name in script.read_files("vllm"):
             data = (root / name).read_bytes()
             if name.endswith("fused_moe/routed_experts.py"):
                 assert b"def weight_loader(" in data

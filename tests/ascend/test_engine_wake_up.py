@@ -22,7 +22,7 @@ import upstream
 
 from verl_npu_autopatch.engine import PatchError
 from verl_npu_autopatch.patches import vllm_engine
-from verl_npu_autopatch.patches._shapes import Code
+from verl_npu_autopatch.patches._fingerprints import Code
 
 NAME = "vllm.v1.engine.core"
 STATE = "vllm.engine_partial_wake_up"

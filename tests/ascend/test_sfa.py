@@ -330,7 +330,7 @@ def test_030_release_passes_unscaled_indexer_weights(indexer030):
 def test_030_kpool_backend_scales_but_standard_backend_does_not(releases):
     """The same release's GLM-Next KPool backend scales the weights (softmax_scale * n_head**-0.5);
     the standard backend feeding DeviceOperator does not: the patch's 0.30 rule says ``apply``."""
-    from verl_npu_autopatch.patches._shapes import ModuleSource
+    from verl_npu_autopatch.patches._fingerprints import ModuleSource
 
     root = releases["0.30.0rc2"][0]
     kpool = (root / "vllm_ascend/attention/indexer_kpool.py").read_text(encoding="utf-8")

@@ -1,15 +1,31 @@
-"""The start-up observer watches the top-level package of every built-in patch target."""
+"""The start-up observer watches the top-level package of every place a built-in patch touches,
+and the built-in families are exactly the public modules found in ``patches/``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import verl_npu_autopatch
-from verl_npu_autopatch import catalog
+from verl_npu_autopatch import catalog, patches
 
 
-def test_every_builtin_target_is_under_a_watched_package() -> None:
-    tops = {target.module.partition(".")[0] for patch in catalog.builtin() for target in patch.targets}
+def test_every_builtin_site_is_under_a_watched_package() -> None:
+    touched = [target for patch in catalog.builtin() for target in patch.touches()]
+    tops = {target.module.partition(".")[0] for target in touched}
     assert tops - verl_npu_autopatch.WATCHED == set()
-    assert {"tensordict", "torch_npu", "megatron"} <= tops
+    assert {"tensordict", "torch_npu", "megatron", "vllm_ascend"} <= tops
+    # triggers and secondary sites are covered too, not only targets
+    assert {str(t) for t in touched} >= {
+        "vllm_ascend.patch.worker:__file__",
+        "vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch",
+    }
+
+
+def test_the_catalogue_holds_every_public_module_of_patches_and_no_helper() -> None:
+    on_disk = {p.stem for p in Path(patches.__file__).parent.glob("*.py") if not p.stem.startswith("_")}
+    found = [m.__name__.rpartition(".")[2] for m in catalog.families()]
+    assert set(found) == on_disk and len(found) == len(on_disk)
+    assert not any(name.startswith("_") for name in found)
 
 
 def test_the_miss_path_is_one_frozenset_lookup() -> None:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from matrix import live_sites, matrix_script
 
 from verl_npu_autopatch.patches import transformers_npu
-from verl_npu_autopatch.patches._shapes import ModuleSource
+from verl_npu_autopatch.patches._fingerprints import ModuleSource
 
 STATE = {"apply": "applies"}
 

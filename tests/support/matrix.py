@@ -35,7 +35,7 @@ def live_sites(patch: Any) -> list[Any]:
     from verl_npu_autopatch.spec import Site
 
     sites = []
-    for target in patch.targets:
+    for target in patch.hooks:
         try:
             module = importlib.import_module(target.module)
         except ImportError:

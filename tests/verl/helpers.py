@@ -16,7 +16,7 @@ def release_root(project: str, version: str) -> Path:
     script = upstream.matrix_script()
     (artifact,) = [a for a in script.RUNTIME_RELEASES if a.project == project and a.version == version]
     try:
-        return script.extract(artifact, script.RUNTIME_FILES[project])
+        return script.extract(artifact, script.runtime_files(project))
     except OSError as exc:  # only when PyPI truly cannot be reached
         pytest.skip(f"cannot download {artifact.filename} from PyPI: {exc}")
 

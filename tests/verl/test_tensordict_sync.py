@@ -16,7 +16,7 @@ from helpers import record, release_root, start
 from tensordict import TensorDict
 
 from verl_npu_autopatch.patches import tensordict_sync
-from verl_npu_autopatch.patches._shapes import Code
+from verl_npu_autopatch.patches._fingerprints import Code
 
 NAME = "tensordict.npu_sync"
 

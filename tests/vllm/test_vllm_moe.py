@@ -191,13 +191,13 @@ def _site(owner: type) -> Site:
 def test_check_accepts_the_real_loader_and_rejects_another_signature() -> None:
     import vllm.model_executor.layers.fused_moe  # noqa: F401
 
-    assert vllm_moe.check(_site(moe_layer_class())).action == "apply"
+    assert PATCH.check(_site(moe_layer_class())).action == "apply"
 
     class Renamed:
         def weight_loader(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success=False, *, x=0):
             return None
 
-    verdict = vllm_moe.check(_site(Renamed))
+    verdict = PATCH.check(_site(Renamed))
     assert verdict.action == "unsupported"
     assert "expected" in verdict.reason and "return_success)" in verdict.reason
     assert "x)" in verdict.reason  # the found parameter list is named

@@ -33,7 +33,7 @@ def expected_rotary_state() -> str:
     patch = vllm_rotary.PATCHES[0]
     cls = common.ApplyRotaryEmb
     site = Site(patch, patch.targets[0], common, cls, "__init__", cls.__dict__["__init__"])
-    action = vllm_rotary.check(site).action
+    action = patch.check(site).action
     return "applied" if action == "apply" else action
 
 

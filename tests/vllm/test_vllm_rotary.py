@@ -293,6 +293,6 @@ class NewSignatureStyle(_Base):  # a changed signature
 )
 def test_check_on_other_bodies(cls: type, action: str, words: str) -> None:
     site = Site(PATCH, PATCH.targets[0], sys.modules[__name__], cls, "__init__", cls.__dict__["__init__"])
-    verdict = vllm_rotary.check(site)
+    verdict = PATCH.check(site)
     assert verdict.action == action, verdict
     assert words in verdict.reason

@@ -34,14 +34,29 @@ def _function(value: Any) -> Any:
     return getattr(value, "__func__", value)
 
 
-def verl_owned(value: Any) -> str | None:
-    """``module.qualname`` of ``value`` when its code was written in the ``verl`` package, else
-    ``None`` (our own functions live in ``verl_npu_autopatch``, which is not ``verl``)."""
+def _written_in(value: Any) -> str | None:
+    """The module a function's code was written in (its globals' ``__name__``, which
+    ``functools.wraps`` does not copy), or ``None`` for anything without Python globals."""
     namespace = getattr(_function(value), "__globals__", None)
-    name = namespace.get("__name__", "") if isinstance(namespace, dict) else ""
-    if name == "verl" or str(name).startswith("verl."):
-        return origin(value)
-    return None
+    return str(namespace.get("__name__", "")) if isinstance(namespace, dict) else None
+
+
+def _is_verl(module: str | None) -> bool:
+    return bool(module) and (module == "verl" or str(module).startswith("verl."))
+
+
+def from_verl(value: Any) -> bool:
+    """Whether ``value`` comes from the ``verl`` package: a function by where its code was written,
+    anything else (a class verl rebinds) by its ``__module__``. Our own code lives in
+    ``verl_npu_autopatch``, which is not ``verl``. The one test of "is this verl's" every family uses."""
+    written = _written_in(value)
+    return _is_verl(written if written is not None else getattr(_function(value), "__module__", None))
+
+
+def verl_owned(value: Any) -> str | None:
+    """``module.qualname`` of ``value`` when it is a function written in the ``verl`` package
+    (:func:`from_verl`), else ``None``."""
+    return origin(value) if _is_verl(_written_in(value)) else None
 
 
 def claim(func: Any, *markers: str) -> Any:

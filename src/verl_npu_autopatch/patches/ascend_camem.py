@@ -15,10 +15,23 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._shapes import Code, UpstreamTree, signature_text
+from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, params_mismatch
 from verl_npu_autopatch.patches._verl import CAMEM_MARKER, claim, yield_to_verl
 from verl_npu_autopatch.patching import replace_method
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import (
+    APPLY,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    Verdict,
+    fixed_upstream,
+    unsupported,
+)
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 60
 
 CAMEM = "vllm_ascend.device_allocator.camem"
 SLEEP_PARAMS = ("self", "offload_tags")
@@ -28,8 +41,9 @@ UNMAP = "unmap_and_release("
 
 def camem_rule(sleep: Code) -> Verdict:
     """Decide on ``CaMemAllocator.sleep``."""
-    if sleep.params != SLEEP_PARAMS:
-        return unsupported(f"sleep{signature_text(SLEEP_PARAMS)}", f"sleep{signature_text(sleep.params)}")
+    mismatch = params_mismatch(sleep, SLEEP_PARAMS, "sleep")
+    if mismatch:
+        return mismatch
     if not sleep.has(UNMAP):
         return unsupported("sleep releasing memory through unmap_and_release", "sleep without it")
     source = sleep.source or ""
@@ -74,7 +88,6 @@ PATCHES = [
         check=_check,
         fix=_fix,
         yields_to=(yield_to_verl(),),
+        static=StaticRule(_static, reads=("vllm_ascend/device_allocator/camem.py",)),
     ),
 ]
-
-STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"ascend.camem_sleep_sync": _static}

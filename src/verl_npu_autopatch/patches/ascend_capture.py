@@ -8,11 +8,12 @@ tokens. From 0.25.1rc1 the import is unconditional (``fixed-upstream``). Release
 module (before 0.21.0rc1) are ``gated``; of those, 0.18 imports its own, differently named
 ``patch.worker.patch_routed_experts_capturer`` unconditionally, which replaces
 ``RoutedExpertsCapturer.init_buffer`` (buffers and shared memory per DP rank) and leaves
-``capture`` as vLLM ships it (the matrix says so, ``NOTES``).
+``capture`` as vLLM ships it (the matrix says so: the static rule's ``note``).
 
-The target is the ``__file__`` of ``vllm_ascend.patch.worker``: the hook fires right after
-vllm-ascend applied its own worker patches (``NPUWorker.__init__`` → ``adapt_patch()``), the very
-place it would have imported the module itself, and the check reads that file's source.
+The target is vLLM's ``RoutedExpertsCapturer.capture``, replaced by vllm-ascend's function (marked
+as ours). The trigger is the ``__file__`` of ``vllm_ascend.patch.worker``: the hook fires right
+after vllm-ascend applied its own worker patches (``NPUWorker.__init__`` → ``adapt_patch()``), the
+very place it would have imported the module itself, and the check reads that file's source.
 """
 
 from __future__ import annotations
@@ -21,17 +22,30 @@ import ast
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from verl_npu_autopatch.patches._shapes import (
+from verl_npu_autopatch.patches._fingerprints import (
     Code,
     ModuleSource,
     UpstreamTree,
     imports_module_unconditionally,
+    params_mismatch,
 )
-from verl_npu_autopatch.patches._shapes import signature_text as _sig
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patching import own_value, set_marked
+from verl_npu_autopatch.spec import (
+    APPLY,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    Verdict,
+    fixed_upstream,
+    unsupported,
+)
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 70
 
 WORKER = "vllm_ascend.patch.worker"
 CAPTURE = f"{WORKER}.patch_routed_experts_capture"
@@ -40,16 +54,15 @@ CAPTURER = "vllm.model_executor.layers.fused_moe.routed_experts_capturer"
 OWN_CAPTURER = f"{WORKER}.patch_routed_experts_capturer"
 CAPTURE_PARAMS = ("self", "layer_id", "topk_ids")
 
-_MISSING = object()
-
 
 def capture_rule(capture: Code | None, worker_init: str | None, already_imported: bool = False) -> Verdict:
     """Decide from vllm-ascend's ``capture`` function (``None`` when the release lacks the module),
     the source of ``vllm_ascend/patch/worker/__init__.py`` and whether it is already imported."""
     if capture is None:
         return unsupported(f"module {CAPTURE}", "no such module")
-    if capture.params != CAPTURE_PARAMS:
-        return unsupported(f"{CAPTURE}.capture{_sig(CAPTURE_PARAMS)}", f"capture{_sig(capture.params)}")
+    mismatch = params_mismatch(capture, CAPTURE_PARAMS, "capture", f"{CAPTURE}.capture")
+    if mismatch:
+        return mismatch
     if already_imported:
         return fixed_upstream(f"{CAPTURE} is already imported in this process")
     if worker_init is not None and imports_module_unconditionally(worker_init, CAPTURE):
@@ -75,40 +88,16 @@ def _check(site: Site) -> Verdict:
 
 def _fix(site: Site) -> Undo:
     capturer = importlib.import_module(CAPTURER).RoutedExpertsCapturer
-    original = capturer.__dict__.get("capture", _MISSING)
+    original = own_value(capturer, "capture")
+    # Importing the module assigns its capture (once: re-applied after an undo, it is cached).
     installed = importlib.import_module(CAPTURE).capture
-    if capturer.__dict__.get("capture") is not installed:  # re-applied after an undo: module cached
-        capturer.capture = installed
-
-    def undo() -> None:
-        if original is _MISSING:
-            if "capture" in capturer.__dict__:
-                delattr(capturer, "capture")
-        else:
-            capturer.capture = original
-
-    return undo
+    return set_marked(capturer, "capture", installed, site.patch.name, original)
 
 
 def _static(tree: UpstreamTree) -> Verdict:
     module = tree.module(CAPTURE)
     worker = tree.module(WORKER)
     return capture_rule(module.code("capture") if module else None, worker.text if worker else None)
-
-
-PATCHES = [
-    Patch(
-        name="ascend.routed_experts_capture",
-        summary="Load vllm-ascend's DP/SP-aware RoutedExpertsCapturer.capture where the release does not import it.",
-        reference="https://github.com/verl-project/verl/pull/7779",
-        groups=("glm52", "ascend"),
-        targets=(Target.parse(f"{WORKER}:__file__"),),
-        requires=("vllm-ascend>=0.21.0rc1",),
-        default=False,
-        check=_check,
-        fix=_fix,
-    ),
-]
 
 
 def _note(tree: UpstreamTree) -> str | None:
@@ -134,6 +123,26 @@ def _note(tree: UpstreamTree) -> str | None:
     )
 
 
-STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"ascend.routed_experts_capture": _static}
-#: Facts the matrix adds to a release's reason, whatever the state (patch name → note).
-NOTES: dict[str, Callable[[UpstreamTree], str | None]] = {"ascend.routed_experts_capture": _note}
+PATCHES = [
+    Patch(
+        name="ascend.routed_experts_capture",
+        summary="Load vllm-ascend's DP/SP-aware RoutedExpertsCapturer.capture where the release does not import it.",
+        reference="https://github.com/verl-project/verl/pull/7779",
+        groups=("glm52", "ascend"),
+        targets=(Target.parse(f"{CAPTURER}:RoutedExpertsCapturer.capture"),),
+        triggers=(Target.parse(f"{WORKER}:__file__"),),
+        requires=("vllm-ascend>=0.21.0rc1",),
+        default=False,
+        check=_check,
+        fix=_fix,
+        static=StaticRule(
+            _static,
+            reads=(
+                "vllm_ascend/patch/worker/__init__.py",
+                "vllm_ascend/patch/worker/patch_routed_experts_capture.py",
+                "vllm_ascend/patch/worker/patch_routed_experts_capturer.py",
+            ),
+            note=_note,
+        ),
+    ),
+]

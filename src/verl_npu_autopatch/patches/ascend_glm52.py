@@ -30,8 +30,8 @@
   query was quantized). Not covered, as before: paths that bypass ``DeviceOperator`` (the KV-offload
   ``topk_selector``, which already receives raw weights, and context-parallel SFA).
 
-Each patch's decision is a pure rule over :class:`~._shapes.Code` values, used by ``check`` on the
-live target and by ``scripts/compat-matrix`` (``STATIC``) on a release's source.
+Each patch's decision is a pure rule over :class:`~._fingerprints.Code` values, used by ``check`` on the
+live target and by ``scripts/compat-matrix`` (the patch's ``static`` rule) on a release's source.
 
 Next to verl 0.9's ``patch_vllm_ascend_glm52`` (same three fixes): each of ours carries verl's
 ``_verl_vllm_ascend_glm52_patched`` marker, so verl run after us skips its copy. Run after verl,
@@ -46,10 +46,23 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from verl_npu_autopatch.patches._shapes import Code, ModuleSource, UpstreamTree, signature_text
+from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree, params_mismatch
 from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, over_verl, peel, yield_to_verl
-from verl_npu_autopatch.patching import chain, mark, replace_method, set_attribute
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patching import chain, replace_method, set_marked, signature_text
+from verl_npu_autopatch.spec import (
+    APPLY,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    Verdict,
+    fixed_upstream,
+    unsupported,
+)
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 50
 
 GROUPS = ("glm52", "ascend")
 REFERENCE = "https://github.com/verl-project/verl/pull/7779"
@@ -59,6 +72,11 @@ SFA = "vllm_ascend.attention.sfa_v1"
 INDEXER = "vllm_ascend.attention.indexer"
 DEVICE_OP = "vllm_ascend.device.device_op"
 
+LAYERNORM_FILE = "vllm_ascend/ops/layernorm.py"
+SFA_FILE = "vllm_ascend/attention/sfa_v1.py"
+INDEXER_FILE = "vllm_ascend/attention/indexer.py"
+DEVICE_OP_FILE = "vllm_ascend/device/device_op.py"
+
 
 # =========================================================================== RMSNorm
 RMS_PARAMS = ("self", "x", "residual")
@@ -66,10 +84,9 @@ RMS_PARAMS = ("self", "x", "residual")
 
 def rms_norm_rule(forward_oot: Code) -> Verdict:
     """Decide on ``AscendRMSNorm.forward_oot``."""
-    if forward_oot.params != RMS_PARAMS:
-        return unsupported(
-            f"forward_oot{signature_text(RMS_PARAMS)}", f"forward_oot{signature_text(forward_oot.params)}"
-        )
+    mismatch = params_mismatch(forward_oot, RMS_PARAMS, "forward_oot")
+    if mismatch:
+        return mismatch
     if forward_oot.has("residual=x+residual", "npu_rms_norm(residual,self.weight"):
         return fixed_upstream("forward_oot already adds the residual explicitly before npu_rms_norm")
     if not forward_oot.has("npu_add_rms_norm"):
@@ -131,11 +148,9 @@ RL_MODE = "RL weight-update mode (additional_config.rl_config.enabled or --weigh
 def kv_b_proj_rule(process: Code, module_has_dispose_layer: bool, rl_update: bool | None = None) -> Verdict:
     """Decide on ``AscendSFAImpl.process_weights_after_loading`` and the module's ``dispose_layer``;
     ``rl_update`` is upstream's RL weight-update switch in the live config (``None``: not known)."""
-    if process.params != PWAL_PARAMS:
-        return unsupported(
-            f"process_weights_after_loading{signature_text(PWAL_PARAMS)}",
-            f"process_weights_after_loading{signature_text(process.params)}",
-        )
+    mismatch = params_mismatch(process, PWAL_PARAMS, "process_weights_after_loading")
+    if mismatch:
+        return mismatch
     if not process.has("dispose_layer(self.kv_b_proj)"):
         return fixed_upstream("process_weights_after_loading no longer disposes self.kv_b_proj")
     if not module_has_dispose_layer:
@@ -196,7 +211,7 @@ def _fix_kv_b_proj(site: Site) -> Undo:
 
         return claim(process_weights_after_loading, GLM52_MARKER)
 
-    undo_dispose = set_attribute(site.module, "dispose_layer", mark(dispose_layer, name))
+    undo_dispose = set_marked(site.module, "dispose_layer", dispose_layer, name)
     return chain(undo_dispose, replace_method(site.owner, site.attribute, make, name))
 
 
@@ -393,6 +408,7 @@ PATCHES = [
         default=False,
         check=_check_rms_norm,
         fix=_fix_rms_norm,
+        static=StaticRule(_static_rms_norm, reads=(LAYERNORM_FILE,)),
     ),
     Patch(
         name="ascend.sfa_keep_kv_b_proj",
@@ -400,10 +416,12 @@ PATCHES = [
         reference=REFERENCE,
         groups=GROUPS,
         targets=(Target.parse(f"{SFA}:AscendSFAImpl.process_weights_after_loading"),),
+        secondary=(Target.parse(f"{SFA}:dispose_layer"),),
         default=False,
         check=_check_kv_b_proj,
         fix=_fix_kv_b_proj,
         yields_to=(yield_to_verl(),),
+        static=StaticRule(_static_kv_b_proj, reads=(SFA_FILE,)),
     ),
     Patch(
         name="ascend.sfa_indexer_scale",
@@ -419,12 +437,6 @@ PATCHES = [
         check=_check_indexer,
         fix=_fix_indexer,
         yields_to=(yield_to_verl(),),
+        static=StaticRule(_static_indexer, reads=(INDEXER_FILE, SFA_FILE, DEVICE_OP_FILE)),
     ),
 ]
-
-#: Static checks for ``scripts/compat-matrix``: patch name → rule applied to a release's source.
-STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {
-    "ascend.rms_norm_residual": _static_rms_norm,
-    "ascend.sfa_keep_kv_b_proj": _static_kv_b_proj,
-    "ascend.sfa_indexer_scale": _static_indexer,
-}

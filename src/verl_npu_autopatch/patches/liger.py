@@ -23,15 +23,18 @@ import ast
 import functools
 import inspect
 import sys
-import textwrap
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.ownership import lookup
 from verl_npu_autopatch.patches import transformers_npu
+from verl_npu_autopatch.patching import definition as parsed_definition
 from verl_npu_autopatch.patching import marked_by, parameter_names, signature_text
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 40
 
 NAME = "liger.arbitration"
 MODULE = "liger_kernel.transformers.monkey_patch"
@@ -61,7 +64,8 @@ def check(site: Site) -> Verdict:
     if not isinstance(getattr(module, TABLE, None), dict):
         return unsupported(f"{MODULE}.{TABLE} (a dict)", type(getattr(module, TABLE, None)).__name__)
     if (parameter_names(site.value) or ())[:1] != ("model",):
-        return unsupported("_apply_liger_kernel_to_instance(model, **kwargs)", signature_text(site.value))
+        found = signature_text(parameter_names(site.value))
+        return unsupported("_apply_liger_kernel_to_instance(model, **kwargs)", found)
     if not _apply_functions(module):
         return unsupported("apply_liger_kernel_to_<qwen family> functions", "none")
     return APPLY
@@ -83,11 +87,7 @@ def rebound_names(function: Callable) -> dict[str, set[str]] | None:
     in the branches that run when that switch is on, with branches on module-level booleans
     (``IS_TRANSFORMERS_V5_OR_LATER``) decided by their live value; ``None`` without source."""
     function = inspect.unwrap(function)
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    except (OSError, TypeError, SyntaxError):
-        return None
-    definition = tree.body[0]
+    definition = parsed_definition(function)
     if not isinstance(definition, ast.FunctionDef):
         return None
     switches = {arg.arg for arg in definition.args.args + definition.args.kwonlyargs}

@@ -17,10 +17,23 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._shapes import Code, UpstreamTree
+from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
 from verl_npu_autopatch.patches._verl import yield_to_verl
 from verl_npu_autopatch.patching import replace_method
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import (
+    APPLY,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    Verdict,
+    fixed_upstream,
+    unsupported,
+)
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 120
 
 GPT = "megatron.core.models.gpt.gpt_model"
 TRUTHY = "ifself.config.mtp_num_layers:"
@@ -64,7 +77,7 @@ def _fix(site: Site) -> Undo:
     return replace_method(site.owner, site.attribute, make, site.patch.name)
 
 
-def static(tree: UpstreamTree) -> Verdict:
+def _static(tree: UpstreamTree) -> Verdict:
     """``postprocess_rule`` on a release's source (``scripts/compat-matrix``)."""
     code = tree.code(GPT, "GPTModel._postprocess")
     if code is None:
@@ -82,8 +95,6 @@ PATCHES = [
         check=_check,
         fix=_fix,
         yields_to=(yield_to_verl(),),  # verl's own copy (equivalent) replaces or wraps ours
+        static=StaticRule(_static, reads=("megatron/core/models/gpt/gpt_model.py",)),
     ),
 ]
-
-#: Release checks for ``scripts/compat-matrix``: patch name → rule over an ``UpstreamTree``.
-STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"megatron.mtp_postprocess": static}

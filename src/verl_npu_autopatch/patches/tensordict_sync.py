@@ -15,10 +15,23 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._shapes import Code, ModuleSource, UpstreamTree, signature_text
+from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree, params_mismatch
 from verl_npu_autopatch.patches._verl import yield_to_verl
 from verl_npu_autopatch.patching import replace_method
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import (
+    APPLY,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    Verdict,
+    fixed_upstream,
+    unsupported,
+)
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 100
 
 BASE = "tensordict.base"
 #: Where newer releases define ``_sync_all`` (a mixin ``TensorDictBase`` inherits from).
@@ -32,8 +45,9 @@ CUDA_MPS_ONLY = ("ifself._has_cuda:", "torch.cuda.synchronize()", "elifself._has
 
 def sync_rule(sync: Code) -> Verdict:
     """Decide on ``TensorDictBase._sync_all``."""
-    if sync.params != SYNC_PARAMS:
-        return unsupported(f"_sync_all{signature_text(SYNC_PARAMS)}", f"_sync_all{signature_text(sync.params)}")
+    mismatch = params_mismatch(sync, SYNC_PARAMS, "_sync_all")
+    if mismatch:
+        return mismatch
     if sync.has(*GENERIC):
         return fixed_upstream("_sync_all synchronizes the available device's module (torch._utils._get_device_module)")
     if sync.has(*CUDA_MPS_ONLY):
@@ -75,7 +89,7 @@ def _defined_sync_all(source: ModuleSource) -> Code | None:
     return None
 
 
-def static(tree: UpstreamTree) -> Verdict:
+def _static(tree: UpstreamTree) -> Verdict:
     """``sync_rule`` on a release's source (``scripts/compat-matrix``): ``TensorDictBase`` in
     ``tensordict/base.py``, else the mixin module that defines ``_sync_all``."""
     code = tree.code(BASE, "TensorDictBase._sync_all")
@@ -98,8 +112,6 @@ PATCHES = [
         check=_check,
         fix=_fix,
         yields_to=(yield_to_verl(),),  # verl's own copy (equivalent) replaces or wraps ours
+        static=StaticRule(_static, reads=("tensordict/base.py", "tensordict/_base/device.py")),
     ),
 ]
-
-#: Release checks for ``scripts/compat-matrix``: patch name → rule over an ``UpstreamTree``.
-STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"tensordict.npu_sync": static}

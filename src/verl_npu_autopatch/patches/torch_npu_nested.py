@@ -24,9 +24,22 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._shapes import ModuleSource, UpstreamTree
-from verl_npu_autopatch.patching import chain, mark, marked_by, set_attribute
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patches._fingerprints import ModuleSource, UpstreamTree
+from verl_npu_autopatch.patching import chain, marked_by, set_marked
+from verl_npu_autopatch.spec import (
+    APPLY,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    Verdict,
+    fixed_upstream,
+    unsupported,
+)
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 110
 
 NAME = "torch_npu.nested_tensor_intercept"
 INTERCEPT = "torch_npu.utils.npu_intercept"
@@ -122,7 +135,7 @@ def _fix(site: Site) -> Undo:
         # which would replace ours and leave the record claiming a target it no longer holds.
         del unintercepted.__wrapped__
         unintercepted.__signature__ = _signature(original)
-        undos.append(set_attribute(site.owner, name, mark(unintercepted, site.patch.name)))
+        undos.append(set_marked(site.owner, name, unintercepted, site.patch.name))
     return chain(*undos)
 
 
@@ -138,7 +151,7 @@ def _nested_entries(source: ModuleSource) -> list[str]:
     return names
 
 
-def static(tree: UpstreamTree) -> Verdict:
+def _static(tree: UpstreamTree) -> Verdict:
     """The same decision from a torch_npu release's ``unsupport_api.py`` and ``npu_intercept.py``:
     ``apply`` when they wrap a ``torch.nested`` function with a wrapper :func:`is_intercept`
     recognises (a ``functools.wraps`` closure named ``wrapper`` that raises "not supported in npu")."""
@@ -164,11 +177,10 @@ PATCHES = [
         reference="https://github.com/verl-project/verl/pull/4309",
         groups=("torch_npu",),
         targets=(Target.parse("torch_npu:torch.nested.nested_tensor"),),
+        secondary=(Target.parse("torch_npu:torch.nested.as_nested_tensor"),),
         check=_check,
         fix=_fix,
         yields_to=(_other_owner,),
+        static=StaticRule(_static, reads=(INTERCEPT_FILE, "torch_npu/utils/unsupport_api.py")),
     ),
 ]
-
-#: Release checks for ``scripts/compat-matrix``: patch name → rule over an ``UpstreamTree``.
-STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {NAME: static}

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from verl_npu_autopatch.patches._verl import from_verl
 from verl_npu_autopatch.patching import (
     describe,
     mark,
@@ -33,6 +34,9 @@ from verl_npu_autopatch.patching import (
     signature_text,
 )
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 30
 
 REFERENCE = "https://github.com/verl-project/verl/blob/main/verl/models/transformers/npu_patch.py"
 GROUP = "transformers"
@@ -113,11 +117,15 @@ def _module_of(obj: Any) -> str:
     return getattr(getattr(obj, "__func__", obj), "__module__", None) or ""
 
 
+def _value_and_holder(value: Any, holder: Any) -> list[Any]:
+    """The live value and, when it is a class, what holds it (another owner may rebind either)."""
+    return [value, *([holder] if isinstance(holder, type) else [])]
+
+
 def from_package(package: str, value: Any, holder: Any) -> bool:
     """Whether ``value``, or the class ``holder`` holding it (rebound by another owner), comes from
     top-level package ``package``."""
-    candidates = [value, *([holder] if isinstance(holder, type) else [])]
-    return any(_module_of(obj).split(".")[0] == package for obj in candidates)
+    return any(_module_of(obj).split(".")[0] == package for obj in _value_and_holder(value, holder))
 
 
 def _package_owner(site: Site, package: str, label: str) -> str | None:
@@ -134,7 +142,8 @@ def liger_owner(site: Site) -> str | None:
 def verl_owner(site: Site) -> str | None:
     """verl's in-tree ``npu_patch`` replaced the target (or rebound the class holding it, as for
     Qwen3-VL-MoE's block): the same torch_npu kernels, so either may run; the record names who does."""
-    return _package_owner(site, "verl", "verl")
+    owned = any(from_verl(obj) for obj in _value_and_holder(site.value, site.owner))
+    return f"verl ({describe(site.value)})" if owned else None
 
 
 def enclosing(family: str, kind: str) -> tuple[str, ...]:
@@ -275,7 +284,7 @@ def _probe_rotary(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
         ("unsqueeze_dim",),
         ("position_ids", "unsqueeze_dim"),
     ):
-        raise Unfit("(q, k, cos, sin[, position_ids], unsqueeze_dim)", signature_text(site.value))
+        raise Unfit("(q, k, cos, sin[, position_ids], unsqueeze_dim)", signature_text(parameter_names(site.value)))
     source = _source(site.value, "apply_rotary_pos_emb")
     if "rotate_half(q" not in source or "repeat_interleave" in source:
         raise Unfit("rotate-half (NeoX) rotary", "another rotary formula")
@@ -291,7 +300,7 @@ def _class_source(site: Site) -> tuple[type, str]:
 def _probe_rms_norm(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
     _, cls_source = _class_source(site)
     if len(names) != 2:
-        raise Unfit("forward(self, hidden_states)", f"forward{signature_text(site.value)}")
+        raise Unfit("forward(self, hidden_states)", f"forward{signature_text(parameter_names(site.value))}")
     offset = bool(_OFFSET.search(cls_source))
     if not offset and "self.weight*" not in cls_source:
         raise Unfit("an RMSNorm scaling by self.weight or (1 + self.weight)", "neither")
@@ -301,7 +310,7 @@ def _probe_rms_norm(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
 def _probe_rms_norm_gated(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
     _, cls_source = _class_source(site)
     if len(names) != 3 or names[2] != "gate":
-        raise Unfit("forward(self, hidden_states, gate)", f"forward{signature_text(site.value)}")
+        raise Unfit("forward(self, hidden_states, gate)", f"forward{signature_text(parameter_names(site.value))}")
     eps_attr = _eps_attr(cls_source)
     gated = _GATED.search(cls_source)
     if not gated or gated.start() < cls_source.index("rsqrt("):
@@ -312,7 +321,7 @@ def _probe_rms_norm_gated(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
 def _probe_mlp(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
     _class_source(site)
     if len(names) != 2:
-        raise Unfit("forward(self, x)", f"forward{signature_text(site.value)}")
+        raise Unfit("forward(self, x)", f"forward{signature_text(parameter_names(site.value))}")
     x = names[1]
     expected = f"self.down_proj(self.act_fn(self.gate_proj({x}))*self.up_proj({x}))"
     if expected not in _source(site.value, "forward"):
@@ -330,7 +339,7 @@ def _probe_experts(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
     raise Unfit(
         "Experts.forward(self, hidden_states, top_k_index, top_k_weights) or "
         "SparseMoeBlock.forward(self, hidden_states)",
-        f"{getattr(cls, '__name__', '?')}.forward{signature_text(site.value)}",
+        f"{getattr(cls, '__name__', '?')}.forward{signature_text(parameter_names(site.value))}",
     )
 
 

@@ -21,10 +21,23 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._shapes import Code, UpstreamTree, signature_text
+from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
 from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, yield_to_verl
-from verl_npu_autopatch.patching import chain, replace_method
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patching import chain, replace_method, signature_text
+from verl_npu_autopatch.spec import (
+    APPLY,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    Verdict,
+    fixed_upstream,
+    unsupported,
+)
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 80
 
 CORE = "vllm.v1.engine.core"
 WAKE_PARAMS = ("self", "tags")
@@ -174,11 +187,11 @@ PATCHES = [
         reference="https://github.com/vllm-project/vllm/issues/44395",
         groups=("glm52", "vllm"),
         targets=(Target.parse(f"{CORE}:EngineCore.wake_up"),),
+        secondary=(Target.parse(f"{CORE}:DPEngineCoreProc.execute_dummy_batch"),),
         default=False,
         check=_check,
         fix=_fix,
         yields_to=(yield_to_verl(_dummy_batch),),
+        static=StaticRule(_static, reads=("vllm/v1/engine/core.py",)),
     ),
 ]
-
-STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"vllm.engine_partial_wake_up": _static}

@@ -37,15 +37,22 @@ wrapper, not the wrapper, so the layout is flipped at most once.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._shapes import UpstreamTree
+from verl_npu_autopatch.patches._fingerprints import UpstreamTree
 from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, claim, over_verl, peel
-from verl_npu_autopatch.patching import describe, parameter_names, replace_method
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
+from verl_npu_autopatch.patching import describe, parameter_names, replace_method, signature_text
+from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Undo, Verdict, unsupported
 
 #: The parameter names the wrapper is written for (identical in vLLM 0.13 ... 0.33).
+#: Where the loader lives: the first variant present wins (see above).
+TARGETS = (
+    Target.parse("vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts.weight_loader"),
+    Target.parse("vllm.model_executor.layers.fused_moe.layer:FusedMoE.weight_loader"),
+)
+
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 10
 EXPECTED_PARAMETERS = ("self", "param", "loaded_weight", "weight_name", "shard_id", "expert_id", "return_success")
 
 _LOGGER_NAME = "verl_npu_autopatch"
@@ -112,12 +119,12 @@ def make_weight_loader(live: Any) -> Any:
 def parameters_rule(qualname: str, names: tuple[str, ...] | None, what: str) -> Verdict:
     """Apply when the loader ``qualname`` (described as ``what``) has the known parameter list."""
     if names != EXPECTED_PARAMETERS:
-        found = "no inspectable signature" if names is None else f"({', '.join(names)})"
-        return unsupported(f"{qualname}({', '.join(EXPECTED_PARAMETERS)})", f"{what}{found}")
+        found = "no inspectable signature" if names is None else signature_text(names)
+        return unsupported(f"{qualname}{signature_text(EXPECTED_PARAMETERS)}", f"{what}{found}")
     return APPLY
 
 
-def check(site: Site) -> Verdict:
+def _check(site: Site) -> Verdict:
     """The live loader must be a method of a class with the known parameter list."""
     if not isinstance(site.owner, type):
         return unsupported("weight_loader defined on a layer class", f"owner {site.owner!r}")
@@ -127,9 +134,19 @@ def check(site: Site) -> Verdict:
     return over_verl(APPLY, site.value, "it also transposes square (ambiguous) expert weights")
 
 
-def fix(site: Site) -> Undo:
+def _fix(site: Site) -> Undo:
     """Replace the class's ``weight_loader`` by the layout-aware wrapper."""
     return replace_method(site.owner, site.attribute, make_weight_loader, site.patch.name)
+
+
+def _static(tree: UpstreamTree) -> Verdict:
+    """The first variant a release defines (as the engine resolves them), under the same rule."""
+    for target in TARGETS:
+        code = tree.code(target.module, target.qualname)
+        if code is not None:
+            verdict = parameters_rule(target.qualname, code.params, target.qualname)
+            return Verdict("apply", f"on {target}") if verdict.action == "apply" else verdict
+    return unsupported(" or ".join(str(t) for t in TARGETS), "neither in this release")
 
 
 PATCHES = [
@@ -142,28 +159,17 @@ PATCHES = [
         ),
         reference="https://github.com/vllm-project/vllm-ascend/issues/5915",
         groups=("vllm",),
-        targets=(
-            Target.parse("vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts.weight_loader"),
-            Target.parse("vllm.model_executor.layers.fused_moe.layer:FusedMoE.weight_loader"),
-        ),
+        targets=TARGETS,
         device="npu-stack",
         default=True,
-        check=check,
-        fix=fix,
+        check=_check,
+        fix=_fix,
+        static=StaticRule(
+            _static,
+            reads=(
+                "vllm/model_executor/layers/fused_moe/routed_experts.py",
+                "vllm/model_executor/layers/fused_moe/layer.py",
+            ),
+        ),
     ),
 ]
-
-
-def _static(tree: UpstreamTree) -> Verdict:
-    """The first variant a release defines (as the engine resolves them), under the same rule."""
-    (patch,) = PATCHES
-    for target in patch.targets:
-        code = tree.code(target.module, target.qualname)
-        if code is not None:
-            verdict = parameters_rule(target.qualname, code.params, target.qualname)
-            return Verdict("apply", f"on {target}") if verdict.action == "apply" else verdict
-    return unsupported(" or ".join(str(t) for t in patch.targets), "neither in this release")
-
-
-#: Static checks for ``scripts/compat-matrix``: patch name → rule applied to a release's source.
-STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"vllm.moe_weight_loader": _static}

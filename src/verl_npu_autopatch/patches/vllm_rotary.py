@@ -43,15 +43,27 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import textwrap
-from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._shapes import UpstreamTree
+from verl_npu_autopatch.patches._fingerprints import UpstreamTree
 from verl_npu_autopatch.patches._verl import verl_owned
-from verl_npu_autopatch.patching import describe, replace_method
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patching import definition, describe, replace_method, statements
+from verl_npu_autopatch.spec import (
+    APPLY,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    Verdict,
+    fixed_upstream,
+    unsupported,
+)
 
+#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
+ORDER = 20
+
+TARGET = Target.parse("vllm.model_executor.layers.rotary_embedding.common:ApplyRotaryEmb.__init__")
 #: The upstream signature the replacement reproduces (unchanged in vLLM 0.13 ... 0.33).
 EXPECTED_SIGNATURE = "(self, enforce_enable=False, is_neox_style=True, enable_fp32_compute=False)"
 
@@ -94,19 +106,12 @@ def _signature(func: Any) -> str | None:
 def _body(func: Any, owner: Any = None) -> list[ast.stmt] | None:
     """The statements of ``func``'s body, or ``None`` without source. With ``owner`` (a class):
     the body of the ``__init__`` written in the class's own source instead."""
-    try:
-        source = textwrap.dedent(inspect.getsource(owner if owner is not None else func))
-    except (OSError, TypeError):
-        return None
-    node = ast.parse(source).body[0]
+    node: Any = definition(owner if owner is not None else func)
     if owner is not None and isinstance(node, ast.ClassDef):
         node = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
-    body = list(node.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-        body = body[1:]  # docstring
-    return body
+    return statements(node)
 
 
 def _is_flash_attn_import(node: ast.AST) -> bool:
@@ -213,7 +218,7 @@ def rotary_rule(signature: str | None, body: list[ast.stmt] | None, what: str) -
     return APPLY
 
 
-def check(site: Site) -> Verdict:
+def _check(site: Site) -> Verdict:
     """Apply only to the known upstream ``__init__`` whose flash-attn import is unguarded, or
     over verl's replacement of it."""
     func = getattr(site.value, "__func__", site.value)
@@ -249,28 +254,9 @@ def make_init(owner: type) -> Any:
     return make
 
 
-def fix(site: Site) -> Undo:
+def _fix(site: Site) -> Undo:
     """Install the flash-attn-free ``__init__`` on the class."""
     return replace_method(site.owner, site.attribute, make_init(site.owner), site.patch.name)
-
-
-PATCHES = [
-    Patch(
-        name="vllm.rotary_flash_attn_guard",
-        summary=(
-            "ApplyRotaryEmb never imports flash_attn on NPU (MindSpeed's dummy flash_attn module breaks "
-            "the import); keeps enforce_enable and every other argument; fixed upstream where vLLM "
-            "guards the import."
-        ),
-        reference="https://github.com/verl-project/verl/issues/6224",
-        groups=("vllm",),
-        targets=(Target.parse("vllm.model_executor.layers.rotary_embedding.common:ApplyRotaryEmb.__init__"),),
-        device="npu-stack",
-        default=True,
-        check=check,
-        fix=fix,
-    ),
-]
 
 
 def _ast_signature(node: ast.FunctionDef) -> str:
@@ -293,15 +279,12 @@ def _ast_signature(node: ast.FunctionDef) -> str:
 
 
 def _static(tree: UpstreamTree) -> Verdict:
-    (patch,) = PATCHES
-    (target,) = patch.targets
+    target = TARGET
     module = tree.module(target.module)
     node = module.function_node(target.qualname) if module is not None else None
     if node is None:
         return unsupported(str(target), f"{target.module} without it" if module else f"{target.module} is missing")
-    body = list(node.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
+    body = statements(node)
     try:
         signature: str | None = _ast_signature(node)
     except ValueError:  # a non-literal default
@@ -309,5 +292,21 @@ def _static(tree: UpstreamTree) -> Verdict:
     return rotary_rule(signature, body, target.qualname)
 
 
-#: Static checks for ``scripts/compat-matrix``: patch name → rule applied to a release's source.
-STATIC: dict[str, Callable[[UpstreamTree], Verdict]] = {"vllm.rotary_flash_attn_guard": _static}
+PATCHES = [
+    Patch(
+        name="vllm.rotary_flash_attn_guard",
+        summary=(
+            "ApplyRotaryEmb never imports flash_attn on NPU (MindSpeed's dummy flash_attn module breaks "
+            "the import); keeps enforce_enable and every other argument; fixed upstream where vLLM "
+            "guards the import."
+        ),
+        reference="https://github.com/verl-project/verl/issues/6224",
+        groups=("vllm",),
+        targets=(TARGET,),
+        device="npu-stack",
+        default=True,
+        check=_check,
+        fix=_fix,
+        static=StaticRule(_static, reads=("vllm/model_executor/layers/rotary_embedding/common.py",)),
+    ),
+]

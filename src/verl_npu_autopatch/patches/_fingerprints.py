@@ -1,4 +1,4 @@
-"""What a patch's check rule looks at, read either from a live object or from a release's files.
+"""Source fingerprints: what a patch's check rule looks at, read from a live object or a release's files.
 
 A rule is a pure function over :class:`Code` values (whitespace-free source plus parameter names).
 ``check`` builds them from the live target (``Code.live``); ``scripts/compat-matrix`` builds them
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_npu_autopatch.patching import marked_by, normalized_source, parameter_names
+from verl_npu_autopatch.patching import marked_by, normalized_source, parameter_names, signature_text
+from verl_npu_autopatch.spec import Verdict, unsupported
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,15 @@ class Code:
         return self.source is not None and all(n in self.source for n in needles)
 
 
-def signature_text(params: Iterable[str] | None) -> str:
-    """``(a, b, c)`` for reports; ``(unknown)`` when there is no signature."""
-    return "(unknown)" if params is None else f"({', '.join(params)})"
+def params_mismatch(
+    code: Code, expected: tuple[str, ...], name: str, expected_name: str | None = None
+) -> Verdict | None:
+    """``unsupported`` naming both signatures (``name(a, b)``) when ``code`` does not take exactly
+    ``expected``; ``None`` when it does. ``expected_name`` names the expected callable when it
+    differs from ``name`` (a fully qualified one)."""
+    if code.params == expected:
+        return None
+    return unsupported(f"{expected_name or name}{signature_text(expected)}", f"{name}{signature_text(code.params)}")
 
 
 # --------------------------------------------------------------------------- static reading

@@ -1,0 +1,155 @@
+"""A patch declares everything it touches: triggers run it (and are where its site is resolved),
+secondary sites and the files its static rule reads are shown by ``status`` and ``list``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from support.children import run
+
+from verl_npu_autopatch import catalog, cli
+from verl_npu_autopatch.config import Config
+from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.patches import ascend_capture, vllm_engine
+from verl_npu_autopatch.patching import marked_by, set_attribute
+from verl_npu_autopatch.spec import APPLY, Patch, StaticRule, Target
+
+TRIGGER = "autopatch_decl_trigger"
+CHANGED = "autopatch_decl_changed"
+
+
+def _modules(monkeypatch: pytest.MonkeyPatch, *, trigger: bool) -> type:
+    changed = types.ModuleType(CHANGED)
+
+    class Layer:
+        def forward(self) -> str:
+            return "upstream"
+
+    changed.Layer = Layer
+    monkeypatch.setitem(sys.modules, CHANGED, changed)
+    if trigger:
+        module = types.ModuleType(TRIGGER)
+        module.__file__ = "/nowhere/trigger.py"
+        monkeypatch.setitem(sys.modules, TRIGGER, module)
+    return Layer
+
+
+def _patch(seen: list[str]) -> Patch:
+    def fix(site):  # replaces the declared target, not the trigger it was resolved on
+        seen.append(str(site.target))
+
+        def forward(self) -> str:
+            return "fixed"
+
+        return set_attribute(sys.modules[CHANGED].Layer, "forward", forward)
+
+    return Patch(
+        "test.triggered",
+        "Runs when the trigger is imported; changes the target.",
+        targets=(Target(CHANGED, "Layer.forward"),),
+        triggers=(Target(TRIGGER, "__file__"),),
+        fix=fix,
+        device="any",
+    )
+
+
+def test_the_trigger_runs_the_patch_and_holds_its_site(monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = _modules(monkeypatch, trigger=True)
+    seen: list[str] = []
+    engine = Engine([_patch(seen)], Config(device="npu"))
+    engine.activate("test")
+    try:
+        assert engine.records["test.triggered"].state == "applied"
+        assert seen == [f"{TRIGGER}:__file__"] and layer().forward() == "fixed"
+        assert engine.revert() == ["test.triggered"] and layer().forward() == "upstream"
+    finally:
+        engine.close()
+
+
+def test_a_present_target_waits_for_its_trigger_import(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    layer = _modules(monkeypatch, trigger=False)
+    (tmp_path / f"{TRIGGER}.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, TRIGGER, raising=False)
+    seen: list[str] = []
+    engine = Engine([_patch(seen)], Config(device="npu"))
+    engine.activate("test")
+    try:
+        assert engine.records["test.triggered"].state == "pending"
+        assert engine.pending_modules() == [TRIGGER]
+        assert seen == [] and layer().forward() == "upstream"
+        __import__(TRIGGER)
+        assert engine.records["test.triggered"].state == "applied"
+        assert seen == [f"{TRIGGER}:__file__"] and layer().forward() == "fixed"
+    finally:
+        engine.close()
+        sys.modules.pop(TRIGGER, None)
+
+
+def test_hooks_are_the_triggers_else_the_targets() -> None:
+    target, trigger = Target("a", "f"), Target("b", "__file__")
+    plain = Patch("p.plain", "s", (target,), fix=lambda site: lambda: None)
+    triggered = Patch("p.trig", "s", (target,), fix=lambda site: lambda: None, triggers=(trigger,))
+    assert plain.hooks == (target,) and triggered.hooks == (trigger,)
+    assert triggered.touches() == (trigger, target)
+
+
+@pytest.mark.parametrize("reads", [(), ("/abs/vllm/x.py",), ("vllm/x.txt",)])
+def test_a_static_rule_names_relative_python_files(reads: tuple[str, ...]) -> None:
+    with pytest.raises(ValueError, match="reads"):
+        StaticRule(lambda tree: APPLY, reads=reads)
+
+
+def test_ascend_capture_declares_its_trigger_and_marks_what_it_installs() -> None:
+    (patch,) = ascend_capture.PATCHES
+    assert [str(t) for t in patch.triggers] == [f"{ascend_capture.WORKER}:__file__"]
+    assert [str(t) for t in patch.targets] == [f"{ascend_capture.CAPTURER}:RoutedExpertsCapturer.capture"]
+    capturer = type("RoutedExpertsCapturer", (), {"capture": lambda self, layer_id, topk_ids: None})
+    installed = lambda self, layer_id, topk_ids: "vllm-ascend's"  # noqa: E731
+    fake = {
+        ascend_capture.CAPTURER: types.SimpleNamespace(RoutedExpertsCapturer=capturer),
+        ascend_capture.CAPTURE: types.SimpleNamespace(capture=installed),
+    }
+    original = capturer.__dict__["capture"]
+    site = types.SimpleNamespace(patch=patch)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ascend_capture.importlib, "import_module", fake.__getitem__)
+        undo = patch.fix(site)  # type: ignore[arg-type]
+    assert capturer.__dict__["capture"] is installed and marked_by(installed) == patch.name
+    undo()
+    assert capturer.__dict__["capture"] is original
+
+
+def test_every_static_rule_is_on_its_patch_and_no_family_keeps_a_table() -> None:
+    statics = {p.name.partition(".")[0] for p in catalog.builtin() if p.static is not None}
+    assert statics == {"vllm", "ascend", "tensordict", "torch_npu", "megatron"}  # the decision table's rows
+    for module in catalog.families():
+        assert not hasattr(module, "STATIC") and not hasattr(module, "NOTES"), module.__name__
+    assert ascend_capture.PATCHES[0].static.note is not None
+
+
+def test_list_and_status_show_every_declared_site() -> None:
+    (engine_patch,) = vllm_engine.PATCHES
+    lines = cli.touches(engine_patch)
+    assert lines == [
+        "vllm.v1.engine.core:EngineCore.wake_up",
+        "also changes vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch",
+        "decision table reads vllm/v1/engine/core.py",
+    ]
+    markdown = cli.catalogue_markdown(cli.catalogue_data())
+    assert "triggered by `vllm_ascend.patch.worker:__file__`" in markdown
+    assert "also changes `vllm_ascend.attention.sfa_v1:dispose_layer`" in markdown
+    assert "also changes `vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch`" in markdown
+
+
+def test_status_prints_what_each_patch_touches(base_python: Path) -> None:
+    proc = run(base_python, "from verl_npu_autopatch.cli import main; main(['status', '--json'])")
+    plans = {p["name"]: p for p in json.loads(proc.stdout)["patches"]}
+    assert "triggered by vllm_ascend.patch.worker:__file__" in plans["ascend.routed_experts_capture"]["touches"]
+    text = run(base_python, "from verl_npu_autopatch.cli import main; main(['status'])").stdout
+    assert "what each patch touches:" in text
+    assert "also changes vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch" in text

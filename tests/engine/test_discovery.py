@@ -1,0 +1,66 @@
+"""A module dropped into ``patches/`` joins the catalogue with no other edit; a ``_private`` one does not."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from verl_npu_autopatch import catalog, patches
+
+FAMILY = """
+from verl_npu_autopatch.spec import Patch, Target
+
+PATCHES = [
+    Patch(
+        name="dropped.example",
+        summary="A family nobody listed anywhere.",
+        targets=(Target.parse("vllm.dropped_example:Layer.forward"),),
+        fix=lambda site: (lambda: None),
+    )
+]
+"""
+#: The built-in families in catalogue order (their ``ORDER``): the order docs/patches.md lists them in.
+BUILTIN = (
+    "vllm_moe",
+    "vllm_rotary",
+    "transformers_npu",
+    "liger",
+    "ascend_glm52",
+    "ascend_camem",
+    "ascend_capture",
+    "vllm_engine",
+    "verl_vllm",
+    "tensordict_sync",
+    "torch_npu_nested",
+    "megatron_mtp",
+)
+HELPER = "PATCHES = 'a helper module is not a family'\n"
+
+
+@pytest.fixture
+def dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``patches/`` with two more files on its search path: ``zz_dropped.py`` and ``_zz_helper.py``."""
+    (tmp_path / "zz_dropped.py").write_text(FAMILY)
+    (tmp_path / "_zz_helper.py").write_text(HELPER)
+    monkeypatch.setattr(patches, "__path__", [*patches.__path__, str(tmp_path)])
+    yield tmp_path
+    for name in ("zz_dropped", "_zz_helper"):
+        sys.modules.pop(f"{catalog.PACKAGE}.{name}", None)
+
+
+def test_a_new_public_module_is_in_the_catalogue(dropped: Path) -> None:
+    found = [m.__name__ for m in catalog.families()]
+    assert found == [f"{catalog.PACKAGE}.{name}" for name in (*BUILTIN, "zz_dropped")]  # no ORDER: last
+    assert f"{catalog.PACKAGE}._zz_helper" not in sys.modules  # helpers are not even imported
+    assert [p.name for p in catalog.builtin()][-1] == "dropped.example"
+    assert "dropped.example" in {p.name for p in catalog.load().patches}
+
+
+def test_without_it_the_catalogue_order_is_the_families_order() -> None:
+    names = [m.__name__.rpartition(".")[2] for m in catalog.families()]
+    assert names == list(BUILTIN)
+    orders = [m.ORDER for m in catalog.families()]
+    assert orders == sorted(orders)
