@@ -22,6 +22,28 @@ from typing import Any, Literal
 from verl_npu_autopatch.patching import marked_by, origin
 from verl_npu_autopatch.spec import Patch, Site, Target
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from verl_npu_autopatch.handover import HandOver
+
+__all__ = [
+    "THROUGH_TARGET",
+    "VERIFIED_STATES",
+    "Checks",
+    "Installation",
+    "ReloadWatcher",
+    "detect",
+    "enclosing_owner",
+    "installation",
+    "is_ours",
+    "lookup",
+    "missing",
+    "reached_through_target",
+    "verify",
+    "via_targets",
+    "yielded_reason",
+]
+
 #: Attribute on an undo whose fix installed elsewhere but runs only while the target holds the
 #: value the fix left there (an experts implementation the target's dispatcher looks up).
 THROUGH_TARGET = "verl_npu_autopatch_through_target"
@@ -140,7 +162,7 @@ def installation(site: Site, reason: str, undo: Any = None) -> Installation:
     return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks)
 
 
-def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -> tuple[str, str]:
+def verify(patch: Patch, versions: dict, installed: Installation, engine: HandOver | None) -> tuple[str, str]:
     """``(state, reason)`` of an applied patch against the live modules: ``applied`` (with the
     reason it was applied) while our value is still what runs, else ``yielded`` / ``superseded``
     naming the live owner."""
@@ -193,7 +215,7 @@ def enclosing_owner(patch: Patch, site: Site) -> str | None:
     return None
 
 
-def yielded_reason(patch: Patch, target: Target, versions: dict, engine: Any) -> str | None:
+def yielded_reason(patch: Patch, target: Target, versions: dict, engine: HandOver | None) -> str | None:
     """The ``yielded`` reason of a patch that left ``target`` to another owner at apply time, as
     the detectors see the live target now, or ``None`` when none recognises its owner."""
     module = sys.modules.get(target.module)
