@@ -12,6 +12,7 @@ import pytest
 
 from verl_npu_autopatch.config import Config, read_config
 from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.handover import HandOver
 from verl_npu_autopatch.patching import mark, set_attribute
 from verl_npu_autopatch.spec import Patch, Target
 
@@ -112,6 +113,28 @@ def test_yield_to_keeps_an_undo_that_raises_out_of_the_callers_way(
     (logged,) = [r for r in caplog.records if r.name == "verl_npu_autopatch" and r.levelno == logging.ERROR]
     assert "unit.bad_undo" in logged.getMessage() and logged.exc_info[0] is RuntimeError
     assert engine.revert() == []  # the undo is not tried again
+
+
+def test_the_engine_is_the_hand_over_its_fixes_receive(module_name: str) -> None:
+    """``site.engine`` is the engine, offering every ``HandOver`` method; ``record`` is a copy."""
+    seen = []
+
+    def fix(site):
+        seen.append(site.engine)
+        return plus_one_patch(module_name).fix(site)
+
+    patch = Patch("unit.hand_over", "adds one", (Target.parse(f"{module_name}:Box.value"),), fix, device="any")
+    engine = Engine([patch], Config(device="npu"))
+    engine.activate("unit")
+    __import__(module_name)
+    assert seen == [engine]
+    members = {n for n in vars(HandOver) if not n.startswith("_")}
+    assert members == {"record", "note", "yield_to", "reapply"}
+    assert all(callable(getattr(engine, n)) for n in members)
+    record = engine.record("unit.hand_over")
+    assert (record.state, record.reason) == ("applied", "fix installed")
+    record.state = "changed by the caller"
+    assert engine.records["unit.hand_over"].state == "applied" and engine.record("nothing.here") is None
 
 
 def test_undo_never_clobbers_a_later_owner() -> None:
