@@ -17,14 +17,32 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from verl_npu_autopatch.patching import marked_by, origin
 from verl_npu_autopatch.spec import Patch, Site, Target
 
-#: ``Installation.value`` of a fix that did not replace its target attribute and does not say it is
-#: reached only through it: checked for reloads only.
-UNCHECKED = object()
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from verl_npu_autopatch.handover import HandOver
+
+__all__ = [
+    "THROUGH_TARGET",
+    "VERIFIED_STATES",
+    "Checks",
+    "Installation",
+    "ReloadWatcher",
+    "detect",
+    "enclosing_owner",
+    "installation",
+    "is_ours",
+    "lookup",
+    "missing",
+    "reached_through_target",
+    "verify",
+    "via_targets",
+    "yielded_reason",
+]
 
 #: Attribute on an undo whose fix installed elsewhere but runs only while the target holds the
 #: value the fix left there (an experts implementation the target's dispatcher looks up).
@@ -33,12 +51,18 @@ THROUGH_TARGET = "verl_npu_autopatch_through_target"
 #: Record states a re-verification may move between (``applied`` and the displaced states).
 VERIFIED_STATES = ("applied", "superseded", "yielded")
 
+#: What :func:`verify` checks on the target of an :class:`Installation`: ``ours``, the fix
+#: replaced it and any other value there displaces us; ``through``, the fix installed elsewhere
+#: and runs only through upstream's value left there, which any value but one of ours displaces;
+#: ``reload``, the fix installed elsewhere and is checked for reloads only.
+Checks = Literal["ours", "through", "reload"]
+
 
 @dataclass
 class Installation:
-    """What an applied patch left where: ``owner.attribute is value`` on ``module`` (as executed
-    under ``spec``), and the raw value of each enclosing callable it is reached through.
-    ``untouched``: the fix installed elsewhere and left upstream's value on the target."""
+    """What an applied patch left where: ``owner.attribute`` holding ``value`` on ``module`` (as
+    executed under ``spec``; ``checks`` says what verification expects of it), and the raw value
+    of each enclosing callable it is reached through."""
 
     target: Target
     module: ModuleType
@@ -48,19 +72,43 @@ class Installation:
     value: Any
     reason: str
     via: dict[Target, Any] = field(default_factory=dict)
-    untouched: bool = False
+    checks: Checks = "ours"
 
 
 def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
-    """``(holder, raw attribute)`` of ``qualname`` in ``module``, or ``None`` when it is missing."""
+    """``(holder, raw attribute)`` of ``qualname`` in ``module``, or ``None`` when it is missing
+    (:func:`missing` says why)."""
+    found = _walk(module, qualname)
+    return found if isinstance(found, tuple) else None
+
+
+def missing(module: ModuleType, qualname: str) -> str:
+    """Why :func:`lookup` finds no ``qualname`` in ``module``: the first part that is not there."""
+    found = _walk(module, qualname)
+    return found if isinstance(found, str) else "attribute is present"
+
+
+def _walk(module: ModuleType, qualname: str) -> tuple[Any, Any] | str:
+    """The one dotted-name walk: ``(holder, raw attribute)``, or why the walk stopped. The last
+    part is read with ``getattr_static`` (a ``staticmethod`` stays one); a part that is present
+    but ``None`` counts as missing."""
     holder: Any = module
     parts = qualname.split(".")
-    for part in parts[:-1]:
-        holder = getattr(holder, part, None)
-        if holder is None:
-            return None
-    value = inspect.getattr_static(holder, parts[-1], None)
-    return None if value is None else (holder, value)
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        value = inspect.getattr_static(holder, part, None) if last else getattr(holder, part, None)
+        if value is not None:
+            if last:
+                return holder, value
+            holder = value
+            continue
+        if not hasattr(holder, part):
+            where = ".".join(parts[:depth]) or module.__name__
+            return f"{where} ({type(holder).__name__}) has no attribute {part!r}"
+        if not last and not hasattr(None, parts[depth + 1]):
+            return f"{'.'.join(parts[: depth + 1])} (NoneType) has no attribute {parts[depth + 1]!r}"
+        return "attribute is None"
+    raise AssertionError("unreachable: a qualname has at least one part")
 
 
 def _lookup_in(target: Target, module: ModuleType) -> tuple[Any, Any] | None:
@@ -102,19 +150,19 @@ def installation(site: Site, reason: str, undo: Any = None) -> Installation:
     left there is remembered, and another owner replacing it displaces the fix."""
     found = lookup(site.module, site.target.qualname)
     owner, value = found if found is not None else (site.owner, site.value)
-    untouched = value is site.value and marked_by(value) != site.patch.name
-    if untouched and not getattr(undo, THROUGH_TARGET, False):
-        value = UNCHECKED
+    checks: Checks = "ours"
+    if value is site.value and marked_by(value) != site.patch.name:  # the target holds upstream's value
+        checks = "through" if getattr(undo, THROUGH_TARGET, False) else "reload"
     via = {}
     for target in via_targets(site.patch, site.target):
         enclosing = _lookup_in(target, site.module)
         if enclosing is not None:
             via[target] = enclosing[1]
     spec = getattr(site.module, "__spec__", None)
-    return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, untouched)
+    return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks)
 
 
-def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -> tuple[str, str]:
+def verify(patch: Patch, versions: dict, installed: Installation, engine: HandOver | None) -> tuple[str, str]:
     """``(state, reason)`` of an applied patch against the live modules: ``applied`` (with the
     reason it was applied) while our value is still what runs, else ``yielded`` / ``superseded``
     naming the live owner."""
@@ -128,8 +176,8 @@ def verify(patch: Patch, versions: dict, installed: Installation, engine: Any) -
     if found is None:
         return "superseded", f"{installed.target} no longer exists"
     holder, value = found
-    replaced = installed.value is not UNCHECKED and value is not installed.value
-    if replaced and not (installed.untouched and is_ours(value)):
+    replaced = installed.checks != "reload" and value is not installed.value
+    if replaced and not (installed.checks == "through" and is_ours(value)):
         site = Site(patch, installed.target, live, holder, installed.attribute, value, dict(versions), engine)
         other = detect(patch, site)
         if other:
@@ -167,7 +215,7 @@ def enclosing_owner(patch: Patch, site: Site) -> str | None:
     return None
 
 
-def yielded_reason(patch: Patch, target: Target, versions: dict, engine: Any) -> str | None:
+def yielded_reason(patch: Patch, target: Target, versions: dict, engine: HandOver | None) -> str | None:
     """The ``yielded`` reason of a patch that left ``target`` to another owner at apply time, as
     the detectors see the live target now, or ``None`` when none recognises its owner."""
     module = sys.modules.get(target.module)

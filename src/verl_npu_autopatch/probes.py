@@ -90,8 +90,3 @@ def check_requirement(text: str, version_of: Callable[[str], str | None] | None 
     if version is None:
         return False, requirement.name, None
     return requirement.specifier.contains(version, prereleases=True), requirement.name, version
-
-
-def forget_versions() -> None:
-    """Drop the cached versions (tests that install packages mid-process)."""
-    _versions.clear()

@@ -6,6 +6,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+__all__ = ["Record", "Report", "table"]
+
 
 @dataclass
 class Record:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from verl_npu_autopatch.handover import HandOver
 
 __all__ = [
     "APPLY",
@@ -110,7 +113,7 @@ class Site:
     attribute: str
     value: Any
     versions: dict[str, str | None] = field(default_factory=dict)
-    engine: Any = None
+    engine: HandOver | None = None
 
 
 @dataclass(frozen=True)

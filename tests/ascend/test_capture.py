@@ -25,8 +25,9 @@ STATE = "ascend.routed_experts_capture"
 
 
 @pytest.fixture
-def release(request, releases, npu, tmp_path) -> Iterator[Path]:
-    """Make vllm-ascend ``request.param`` look installed; yield its source root."""
+def release(request, releases, npu, tmp_path, monkeypatch) -> Iterator[Path]:
+    """Make vllm-ascend ``request.param`` look installed; yield its source root. The version
+    look-ups start from an empty cache for the test and get the process's back afterwards."""
     from vllm.model_executor.layers.fused_moe import routed_experts_capturer
 
     version = request.param
@@ -44,7 +45,7 @@ def release(request, releases, npu, tmp_path) -> Iterator[Path]:
     )
     capture_before = routed_experts_capturer.RoutedExpertsCapturer.__dict__["capture"]
     sys.path.insert(0, str(tmp_path / "site"))
-    probes.forget_versions()
+    monkeypatch.setattr(probes, "_versions", {})
     try:
         with doubles.modules({ascend_capture.WORKER: worker, context.__name__: context}):
             yield root
@@ -52,7 +53,6 @@ def release(request, releases, npu, tmp_path) -> Iterator[Path]:
         sys.path.remove(str(tmp_path / "site"))
         sys.modules.pop(ascend_capture.CAPTURE, None)
         routed_experts_capturer.RoutedExpertsCapturer.capture = capture_before
-        probes.forget_versions()
 
 
 def test_gated_without_vllm_ascend_installed():

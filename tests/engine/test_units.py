@@ -4,6 +4,7 @@ private engines on throw-away modules, and the undo rules of ``patching``."""
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from verl_npu_autopatch.config import Config, read_config
 from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.handover import HandOver
 from verl_npu_autopatch.patching import mark, set_attribute
 from verl_npu_autopatch.spec import Patch, Target
 
@@ -62,15 +64,6 @@ def test_bad_values_warn_once_each_and_keep_defaults() -> None:
     assert legacy.startswith("VERL_VLLM_ASCEND_GLM52_PATCH='sure' is not understood; accepted values: 1 / true")
 
 
-def test_close_disables_pending_and_ignores_later_imports(module_name: str) -> None:
-    engine = Engine([plus_one_patch(module_name)], Config(device="npu"))
-    engine.activate("unit")
-    engine.close("done")
-    module = __import__(module_name)
-    assert module.Box().value() == 1
-    assert engine.report()["unit.plus_one"].state == "disabled"
-
-
 def test_yield_to_only_takes_pending_or_applied(module_name: str) -> None:
     engine = Engine([plus_one_patch(module_name, requires=("nosuchdist>=1",))], Config(device="npu"))
     engine.activate("unit")
@@ -88,6 +81,60 @@ def test_yield_to_reverts_an_applied_patch(module_name: str) -> None:
     record = engine.report()["unit.plus_one"]
     assert (record.state, record.reason) == ("yielded", "target handed to liger-kernel (apply_x)")
     assert module.Box().value() == 1
+
+
+def test_yield_to_keeps_an_undo_that_raises_out_of_the_callers_way(
+    module_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hand-over runs inside the user's call (Liger's apply function): our undo raising is
+    logged and recorded, never raised into it."""
+
+    def fix(site):
+        original = site.value
+        set_attribute(site.owner, site.attribute, mark(lambda self: original(self) + 1, site.patch.name))
+
+        def undo() -> None:
+            raise RuntimeError("cannot undo")
+
+        return undo
+
+    patch = Patch("unit.bad_undo", "adds one", (Target.parse(f"{module_name}:Box.value"),), fix, device="any")
+    engine = Engine([patch], Config(device="npu"))
+    engine.activate("unit")
+    module = __import__(module_name)
+    assert module.Box().value() == 2
+    with caplog.at_level(logging.ERROR, logger="verl_npu_autopatch"):
+        assert engine.yield_to("unit.bad_undo", "liger-kernel (apply_x)") is True
+    record = engine.report()["unit.bad_undo"]
+    assert (record.state, record.reason) == (
+        "failed",
+        "handing to liger-kernel (apply_x): undo raised RuntimeError: cannot undo",
+    )
+    (logged,) = [r for r in caplog.records if r.name == "verl_npu_autopatch" and r.levelno == logging.ERROR]
+    assert "unit.bad_undo" in logged.getMessage() and logged.exc_info[0] is RuntimeError
+    assert engine.revert() == []  # the undo is not tried again
+
+
+def test_the_engine_is_the_hand_over_its_fixes_receive(module_name: str) -> None:
+    """``site.engine`` is the engine, offering every ``HandOver`` method; ``record`` is a copy."""
+    seen = []
+
+    def fix(site):
+        seen.append(site.engine)
+        return plus_one_patch(module_name).fix(site)
+
+    patch = Patch("unit.hand_over", "adds one", (Target.parse(f"{module_name}:Box.value"),), fix, device="any")
+    engine = Engine([patch], Config(device="npu"))
+    engine.activate("unit")
+    __import__(module_name)
+    assert seen == [engine]
+    members = {n for n in vars(HandOver) if not n.startswith("_")}
+    assert members == {"record", "note", "yield_to", "reapply"}
+    assert all(callable(getattr(engine, n)) for n in members)
+    record = engine.record("unit.hand_over")
+    assert (record.state, record.reason) == ("applied", "fix installed")
+    record.state = "changed by the caller"
+    assert engine.records["unit.hand_over"].state == "applied" and engine.record("nothing.here") is None
 
 
 def test_undo_never_clobbers_a_later_owner() -> None:

@@ -41,4 +41,3 @@ def test_every_variant_rejected_is_unsupported_with_each_reason(monkeypatch: pyt
         "expected autopatch_variants_target:Layer.forward: a newer body; found forward() | "
         "expected autopatch_variants_target:Layer.legacy: a newer body; found legacy()"
     )
-    engine.close()

@@ -101,8 +101,9 @@ def npu(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @pytest.fixture
 def make_engine() -> Iterator[Callable[..., Engine]]:
-    """Private active engines; afterwards every applied patch is reverted and every record still
-    pending is closed, so their import hooks stay inert in later tests."""
+    """Private active engines; afterwards every record still pending is settled (its modules
+    count as absent) and every applied patch is reverted, so their import hooks stay inert in
+    later tests (wrapt hooks cannot be unregistered; a hook finds nothing pending)."""
     engines: list[Engine] = []
 
     def make(patches: list | None = None, **config: Any) -> Engine:
@@ -113,8 +114,8 @@ def make_engine() -> Iterator[Callable[..., Engine]]:
 
     yield make
     for engine in engines:
+        engine.settle(engine.pending_modules())
         engine.revert()
-        engine.close("test finished")
 
 
 # --------------------------------------------------------------------------- verl's own npu_patch

@@ -76,8 +76,8 @@ def patch_module() -> types.ModuleType:
 @contextmanager
 def engines() -> Iterator[Callable[..., Any]]:
     """``start(*patches, **env)``: an activated ``Engine`` forced to NPU mode and configured from
-    ``env`` by the real parser; each is reverted and closed afterwards (wrapt hooks cannot be
-    unregistered, and a closed engine ignores later imports)."""
+    ``env`` by the real parser; each is settled and reverted afterwards (wrapt hooks cannot be
+    unregistered; a settled engine has nothing pending for later imports)."""
     from verl_npu_autopatch.config import read_config
     from verl_npu_autopatch.engine import Engine
 
@@ -93,5 +93,5 @@ def engines() -> Iterator[Callable[..., Any]]:
         yield start
     finally:
         for engine in reversed(made):
+            engine.settle(engine.pending_modules())
             engine.revert()
-            engine.close()

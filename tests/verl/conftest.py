@@ -23,9 +23,10 @@ assert process_engine.report().status == "inactive", process_engine.report().rea
 
 @pytest.fixture
 def engines() -> Iterator[list[Engine]]:
-    """Private engines made by ``helpers.start``; reverted and closed after the test."""
+    """Private engines made by ``helpers.start``; settled and reverted after the test (their
+    import hooks then find nothing pending)."""
     made: list[Engine] = []
     yield made
     for engine in made:
+        engine.settle(engine.pending_modules())
         engine.revert()
-        engine.close()

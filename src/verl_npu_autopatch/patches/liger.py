@@ -27,10 +27,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from verl_npu_autopatch.handover import HandOver
 from verl_npu_autopatch.ownership import lookup
 from verl_npu_autopatch.patches import transformers_npu
+from verl_npu_autopatch.patching import chain, marked_by, parameter_names, signature_text
 from verl_npu_autopatch.patching import definition as parsed_definition
-from verl_npu_autopatch.patching import marked_by, parameter_names, signature_text
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
 #: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
@@ -128,15 +129,15 @@ def _holders(target: str) -> set[str]:
     return {part.partition(":")[2].split(".")[0] for part in target.split(" | ")}
 
 
-def _hand_over_taken(engine: Any, patches: list[str], owner: str) -> None:
+def _hand_over_taken(engine: HandOver, patches: list[str], owner: str) -> None:
     """Yield each applied patch whose live target Liger took (rebound) anyway."""
     for patch in patches:
-        record = engine.records.get(patch)
+        record = engine.record(patch)
         if record is not None and record.state == "applied" and _liger_took(record.target):
             engine.yield_to(patch, owner)
 
 
-def _wrap_apply(original: Callable, family: str, engine: Any, name: str) -> Callable:
+def _wrap_apply(original: Callable, family: str, engine: HandOver, name: str) -> Callable:
     try:
         signature: inspect.Signature | None = inspect.signature(original)
     except (TypeError, ValueError):
@@ -164,7 +165,7 @@ def _wrap_apply(original: Callable, family: str, engine: Any, name: str) -> Call
                 continue
             if not switches[switch]:
                 continue
-            record = engine.records.get(patch)
+            record = engine.record(patch)
             if rebound is None or record is None or _holders(record.target) & rebound.get(switch, set()):
                 handed.append(patch)
             else:
@@ -198,7 +199,8 @@ def _wrap_dispatcher(original: Callable) -> Callable:
 
 def fix(site: Site) -> Undo:
     """Wrap the apply functions (attributes and dispatch-table entries) and the dispatchers."""
-    module, engine, name = site.module, site.engine, site.patch.name
+    module, name = site.module, site.patch.name
+    engine: HandOver = site.engine
     undos: list[Undo] = []
     wrapped: dict[int, Callable] = {}
     for family, fn in _apply_functions(module).items():
@@ -217,12 +219,7 @@ def fix(site: Site) -> Undo:
         fn = getattr(module, dispatcher, None)
         if callable(fn) and marked_by(fn) != name:
             undos.append(transformers_npu.install(module, dispatcher, _wrap_dispatcher(fn), name))
-
-    def undo() -> None:
-        for step in reversed(undos):
-            step()
-
-    return undo
+    return chain(*undos)
 
 
 def _table_undo(table: dict, key: str, original: Callable, wrapper: Callable) -> Undo:

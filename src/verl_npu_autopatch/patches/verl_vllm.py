@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
 import sys
 from typing import Any
 
+from verl_npu_autopatch import _logging
+from verl_npu_autopatch.handover import HandOver
 from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patches._verl import PATCH_MODULE, verl_owned
 from verl_npu_autopatch.patching import marked_by, replace_method, signature_text
@@ -43,7 +44,7 @@ ROTARY_MODULE = "vllm.model_executor.layers.rotary_embedding.common"
 RECLAIMED = (ROTARY_PATCH, "vllm.moe_weight_loader")
 
 
-def keeper(engine: Any) -> str | None:
+def keeper(engine: HandOver | None) -> str | None:
     """Who keeps ``ApplyRotaryEmb.__init__`` so verl's replacement must not run, or ``None``."""
     cls = getattr(sys.modules.get(ROTARY_MODULE), "ApplyRotaryEmb", None)
     live = getattr(cls, "__dict__", {}).get("__init__")
@@ -51,7 +52,7 @@ def keeper(engine: Any) -> str | None:
         return None
     if marked_by(live) == ROTARY_PATCH:
         return ROTARY_PATCH
-    record = getattr(engine, "records", {}).get(ROTARY_PATCH)
+    record = None if engine is None else engine.record(ROTARY_PATCH)
     if record is not None and record.state == "fixed-upstream" and verl_owned(live) is None:
         return "vLLM's own ApplyRotaryEmb.__init__ (fixed upstream)"
     return None
@@ -77,7 +78,7 @@ def _fix(site: Site) -> Undo:
             if kept_by is None:
                 return original(*args, **kwargs)
             text = f"verl's patch_vllm013_rotary_emb skipped: ApplyRotaryEmb.__init__ stays with {kept_by}"
-            logging.getLogger("verl_npu_autopatch").info("%s: %s", name, text)
+            _logging.logger().info("%s: %s", name, text)
             if engine is not None:
                 engine.note(name, text)
             return None

@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from verl_npu_autopatch import _logging
 from verl_npu_autopatch.patches._fingerprints import UpstreamTree
 from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, claim, over_verl, peel
 from verl_npu_autopatch.patching import describe, parameter_names, replace_method, signature_text
@@ -55,7 +56,6 @@ TARGETS = (
 ORDER = 10
 EXPECTED_PARAMETERS = ("self", "param", "loaded_weight", "weight_name", "shard_id", "expert_id", "return_success")
 
-_LOGGER_NAME = "verl_npu_autopatch"
 _ambiguity_logged = False
 
 
@@ -65,9 +65,7 @@ def _log_ambiguous(layer: Any, shape: Any, shard_id: str, hidden: int) -> None:
     if _ambiguity_logged:
         return
     _ambiguity_logged = True
-    import logging
-
-    logging.getLogger(_LOGGER_NAME).debug(
+    _logging.logger().debug(
         "vllm.moe_weight_loader: %s param of shape %s in %s is square in its last two dims "
         "(hidden_size=%d), so checkpoint and runtime layouts look alike; layout left untouched "
         "(logged once per process)",

@@ -1,0 +1,40 @@
+"""One slot per patch: everything the engine holds about it in this process, in one place."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from verl_npu_autopatch.ownership import Installation
+    from verl_npu_autopatch.records import Record
+    from verl_npu_autopatch.spec import Patch, Target, Undo
+
+__all__ = ["Slot"]
+
+
+class Slot:
+    """A patch's record and what the engine needs to act on it and re-verify it.
+
+    ``patch`` is ``None`` for an entry point that failed to load or was skipped (a record only);
+    ``variants`` are the targets still in play after the gates; ``rejected`` maps the variants
+    whose check said unsupported (last application) to why; ``installed`` and ``undo`` say where
+    the applied fix installed what and how to take it back; ``yielded`` is the target left to
+    another owner at apply time (re-verified); ``claimed``: an application is under way.
+    """
+
+    __slots__ = ("claimed", "installed", "patch", "record", "rejected", "undo", "variants", "yielded")
+
+    def __init__(self, patch: Patch | None, record: Record, variants: tuple[Target, ...] = ()) -> None:
+        self.patch = patch
+        self.record = record
+        self.variants = variants
+        self.rejected: dict[Target, str] = {}
+        self.installed: Installation | None = None
+        self.undo: Undo | None = None
+        self.yielded: Target | None = None
+        self.claimed = False
+
+    def release(self) -> Undo | None:
+        """Forget what the fix installed (reverted, handed over, or to be applied afresh);
+        returns its undo."""
+        undo, self.undo, self.installed = self.undo, None, None
+        return undo
