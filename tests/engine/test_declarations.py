@@ -67,7 +67,8 @@ def test_the_trigger_runs_the_patch_and_holds_its_site(monkeypatch: pytest.Monke
         assert seen == [f"{TRIGGER}:__file__"] and layer().forward() == "fixed"
         assert engine.revert() == ["test.triggered"] and layer().forward() == "upstream"
     finally:
-        engine.close()
+        engine.settle(engine.pending_modules())
+        engine.revert()
 
 
 def test_a_present_target_waits_for_its_trigger_import(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -86,7 +87,8 @@ def test_a_present_target_waits_for_its_trigger_import(monkeypatch: pytest.Monke
         assert engine.records["test.triggered"].state == "applied"
         assert seen == [f"{TRIGGER}:__file__"] and layer().forward() == "fixed"
     finally:
-        engine.close()
+        engine.settle(engine.pending_modules())
+        engine.revert()
         sys.modules.pop(TRIGGER, None)
 
 
