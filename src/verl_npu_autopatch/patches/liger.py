@@ -30,7 +30,7 @@ from typing import Any
 from verl_npu_autopatch.handover import HandOver
 from verl_npu_autopatch.ownership import lookup
 from verl_npu_autopatch.patches import transformers_npu
-from verl_npu_autopatch.patching import chain, marked_by, parameter_names, signature_text
+from verl_npu_autopatch.patching import chain, marked_by, parameter_names, set_marked, signature_text
 from verl_npu_autopatch.patching import definition as parsed_definition
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
@@ -208,7 +208,7 @@ def fix(site: Site) -> Undo:
             continue
         wrapper = _wrap_apply(fn, family, engine, name)
         wrapped[id(fn)] = wrapper
-        undos.append(transformers_npu.install(module, fn.__name__, wrapper, name))
+        undos.append(set_marked(module, fn.__name__, wrapper, name))
     table = getattr(module, TABLE)
     for key, fn in list(table.items()):
         wrapper = wrapped.get(id(fn))
@@ -218,7 +218,7 @@ def fix(site: Site) -> Undo:
     for dispatcher in DISPATCHERS:
         fn = getattr(module, dispatcher, None)
         if callable(fn) and marked_by(fn) != name:
-            undos.append(transformers_npu.install(module, dispatcher, _wrap_dispatcher(fn), name))
+            undos.append(set_marked(module, dispatcher, _wrap_dispatcher(fn), name))
     return chain(*undos)
 
 

@@ -26,11 +26,10 @@ from typing import Any
 from verl_npu_autopatch.patches._verl import from_verl
 from verl_npu_autopatch.patching import (
     describe,
-    mark,
     marked_by,
     normalized_source,
     parameter_names,
-    set_attribute,
+    set_marked,
     signature_text,
 )
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
@@ -344,12 +343,6 @@ def _probe_experts(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- builders
-def install(owner: Any, attribute: str, replacement: Any, name: str) -> Undo:
-    """Set ``owner.attribute = replacement`` marked with ``name``; the undo never clobbers a later
-    owner (Liger rebinding the same module attribute), see ``patching.set_attribute``."""
-    return set_attribute(owner, attribute, mark(replacement, name))
-
-
 Replacement = Callable[[Any, Any, dict[str, Any]], Any]
 
 
@@ -360,7 +353,7 @@ def _replacing(make: Replacement) -> Callable[[Site, dict[str, Any]], Undo]:
     def build(site: Site, found: dict[str, Any]) -> Undo:
         from verl_npu_autopatch.patches import _npu_kernels as kernels
 
-        return install(site.owner, site.attribute, make(kernels, site.value, found), site.patch.name)
+        return set_marked(site.owner, site.attribute, make(kernels, site.value, found), site.patch.name)
 
     return build
 
@@ -381,7 +374,7 @@ def _build_experts(site: Site, found: dict[str, Any]) -> Undo:
         return _experts_interface.register(site.owner, found["transposed"], site.patch.name)
     else:
         replacement = kernels.fused_experts(original, found["transposed"])
-    return install(site.owner, site.attribute, replacement, site.patch.name)
+    return set_marked(site.owner, site.attribute, replacement, site.patch.name)
 
 
 # --------------------------------------------------------------------------- the kernel table
