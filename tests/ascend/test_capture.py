@@ -18,7 +18,7 @@ import doubles
 import pytest
 import upstream
 
-from verl_npu_autopatch import probes
+from verl_npu_autopatch import _environment
 from verl_npu_autopatch.patches import ascend_capture
 
 STATE = "ascend.routed_experts_capture"
@@ -44,7 +44,7 @@ def release(request, releases, npu, tmp_path) -> Iterator[Path]:
     )
     capture_before = routed_experts_capturer.RoutedExpertsCapturer.__dict__["capture"]
     sys.path.insert(0, str(tmp_path / "site"))
-    probes.forget_versions()
+    _environment.forget_versions()
     try:
         with doubles.modules({ascend_capture.WORKER: worker, context.__name__: context}):
             yield root
@@ -52,7 +52,7 @@ def release(request, releases, npu, tmp_path) -> Iterator[Path]:
         sys.path.remove(str(tmp_path / "site"))
         sys.modules.pop(ascend_capture.CAPTURE, None)
         routed_experts_capturer.RoutedExpertsCapturer.capture = capture_before
-        probes.forget_versions()
+        _environment.forget_versions()
 
 
 def test_gated_without_vllm_ascend_installed():

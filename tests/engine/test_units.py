@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_npu_autopatch.config import Config, read_config
+from verl_npu_autopatch._config import Config, read_config
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patching import mark, set_attribute
 from verl_npu_autopatch.spec import Patch, Target

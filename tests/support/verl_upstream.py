@@ -78,7 +78,7 @@ def engines() -> Iterator[Callable[..., Any]]:
     """``start(*patches, **env)``: an activated ``Engine`` forced to NPU mode and configured from
     ``env`` by the real parser; each is reverted and closed afterwards (wrapt hooks cannot be
     unregistered, and a closed engine ignores later imports)."""
-    from verl_npu_autopatch.config import read_config
+    from verl_npu_autopatch._config import read_config
     from verl_npu_autopatch.engine import Engine
 
     made: list[Engine] = []

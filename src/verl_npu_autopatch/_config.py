@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from verl_npu_autopatch import _FALSY
+from _verl_npu_autopatch_startup import flag
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # without importing typing or collections at run time
@@ -18,9 +18,6 @@ if TYPE_CHECKING:  # without importing typing or collections at run time
 PREFIX = "VERL_NPU_AUTOPATCH"
 LEGACY_GLM52 = "VERL_VLLM_ASCEND_GLM52_PATCH"
 
-TRUE = frozenset({"1", "true", "yes", "on", "y", "t", "enable", "enabled"})
-#: The same words the start-up hook reads as "switched off".
-FALSE = _FALSY
 DEVICES = ("auto", "npu", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -91,11 +88,9 @@ def _flag(environ: Mapping[str, str], name: str, default: bool, warnings: list[s
     raw = environ.get(name)
     if raw is None or not raw.strip():
         return default
-    value = raw.strip().lower()
-    if value in TRUE:
-        return True
-    if value in FALSE:
-        return False
+    value = flag(raw)
+    if value is not None:
+        return value
     fallback = "on" if default else "off"
     warnings.append(f"{name}={raw!r} is not understood; accepted values: {VARIABLES[name]}. Using {fallback}.")
     return default
