@@ -118,6 +118,7 @@ def _activating_loader_class():
                 self.loader = loader
                 self.waits_for = waits_for
                 self.inert = False
+                self.broken = False  # the package cannot be imported: load as if we were not here
 
             def __getattr__(self, name):
                 return getattr(self.loader, name)
@@ -125,15 +126,15 @@ def _activating_loader_class():
             def create_module(self, spec):
                 try:
                     from verl_npu_autopatch import _activation
-                except Exception:  # a broken install: load the package as if we were not here
+                except Exception:
                     uninstall_observer()
-                    self.inert = True
+                    self.broken = True
                     create = getattr(self.loader, "create_module", None)
                     return create(spec) if create is not None else None
                 return _activation.create_module(self, spec)
 
             def exec_module(self, module):
-                if self.inert and "verl_npu_autopatch._activation" not in sys.modules:
+                if self.broken:
                     module.__loader__ = self.loader
                     if getattr(module, "__spec__", None) is not None:
                         module.__spec__.loader = self.loader
