@@ -53,7 +53,8 @@ def observe(fullname, path=None, target=None):
     frozenset lookup); for a watched one, its real spec with an activating loader."""
     if fullname not in WATCHED:
         return None
-    return activating_spec(fullname, path, target, None)
+    spec = real_spec(fullname, path, target)
+    return None if spec is None else activating(spec, None)
 
 
 #: What the import system calls: :func:`observe`, or the guarding ``find_spec`` of
@@ -61,13 +62,10 @@ def observe(fullname, path=None, target=None):
 find_spec = observe
 
 
-def activating_spec(fullname, path, target, waits_for):
-    """The real spec of ``fullname`` with its loader wrapped in an activating loader
-    (``waits_for``: ``None`` for a watched package, which decides; else the watched package whose
-    activation the module waits for), or ``None``."""
-    spec = real_spec(fullname, path, target)
-    if spec is None:
-        return None
+def activating(spec, waits_for):
+    """``spec`` with its loader wrapped in an activating loader (``waits_for``: ``None`` for a
+    watched package, which decides; else the watched package whose activation the module waits
+    for)."""
     loader = spec.loader
     if loader is None and spec.submodule_search_locations is not None:
         loader = _namespace_loader(spec)  # a namespace package (no __init__.py)

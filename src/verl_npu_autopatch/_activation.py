@@ -96,7 +96,7 @@ def guarding(fullname: str, path: Any = None, target: Any = None) -> ModuleSpec 
     is not loaded yet (``gated is None``), every module outside the standard library and this
     package: their loader waits for the activation to end before the module executes."""
     if fullname in startup.WATCHED:
-        return startup.activating_spec(fullname, path, target, None)
+        return startup.observe(fullname, path, target)
     top = fullname.partition(".")[0]
     gated = startup.gated
     if (
@@ -104,7 +104,7 @@ def guarding(fullname: str, path: Any = None, target: Any = None) -> ModuleSpec 
     ) and _thread.get_ident() != startup.activator:
         spec = startup.real_spec(fullname, path, target)
         if spec is not None and (gated is not None or not _standard_library(spec)):
-            return startup.activating_spec(fullname, path, target, startup.trigger or fullname)
+            return startup.activating(spec, startup.trigger or fullname)
     return None
 
 
