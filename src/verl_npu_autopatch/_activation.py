@@ -1,6 +1,6 @@
 """What the start-up observer does once a watched package starts loading: decide whether this host
 is inert, guard other threads' imports while the engine activates, activate it, and patch the
-package itself. Imported by the activating loader of ``_verl_npu_autopatch_startup`` (outside the
+package itself. Imported by the activating loader of the start-up module (outside the
 interpreter's global import lock) and by the engine; standard library only, light.
 
 While the engine activates, the observer *guards* imports (:func:`guard`): every watched package
@@ -16,7 +16,10 @@ import _thread
 import os
 import sys
 
-import _verl_npu_autopatch_startup as startup
+from verl_npu_autopatch import _startup
+
+#: The start-up module in use: the one the ``.pth`` line imported, else the package's own copy.
+startup = sys.modules.get("_verl_npu_autopatch_startup") or _startup
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -99,9 +102,8 @@ def guarding(fullname: str, path: Any = None, target: Any = None) -> ModuleSpec 
         return startup.observe(fullname, path, target)
     top = fullname.partition(".")[0]
     gated = startup.gated
-    if (
-        (gated is None and top not in ("verl_npu_autopatch", startup.__name__)) or (gated is not None and top in gated)
-    ) and _thread.get_ident() != startup.activator:
+    held = top in gated if gated is not None else top not in ("verl_npu_autopatch", "_verl_npu_autopatch_startup")
+    if held and _thread.get_ident() != startup.activator:
         spec = startup.real_spec(fullname, path, target)
         if spec is not None and (gated is not None or not _standard_library(spec)):
             return startup.activating(spec, startup.trigger or fullname)

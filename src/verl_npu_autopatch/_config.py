@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from _verl_npu_autopatch_startup import flag
+from verl_npu_autopatch._startup import flag
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # without importing typing or collections at run time

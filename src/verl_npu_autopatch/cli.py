@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import _verl_npu_autopatch_startup
-from verl_npu_autopatch import _environment, _gates, catalog
+from verl_npu_autopatch import _environment, _gates, _startup, catalog
 from verl_npu_autopatch._config import VARIABLES, read_config
 from verl_npu_autopatch._version import __version__
 from verl_npu_autopatch.records import table
@@ -115,7 +114,7 @@ def status_data() -> dict[str, Any]:
         "package": str(Path(__file__).parent),
         "python": sys.executable,
         "install_files": files,
-        "observer_installed": _verl_npu_autopatch_startup.installed_observer() is not None,
+        "observer_installed": _startup.installed_observer() is not None,
         "site_disabled": bool(sys.flags.no_site),
         "configuration": config.to_dict(),
         "warnings": warnings,

@@ -13,7 +13,7 @@ import verl_npu_autopatch
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "verl_npu_autopatch"
-STARTUP = SRC / "_verl_npu_autopatch_startup.py"
+STARTUP = PACKAGE / "_startup.py"
 
 
 def imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
@@ -73,12 +73,12 @@ def test_the_public_face_resolves_every_name_it_lists() -> None:
         assert getattr(verl_npu_autopatch, name) is not None
     assert set(verl_npu_autopatch.__all__) <= set(dir(verl_npu_autopatch))
     private = {p.stem for p in PACKAGE.glob("_*.py")} - {"__init__", "__main__"}
-    assert {"_activation", "_config", "_environment", "_gates"} <= private
+    assert {"_activation", "_config", "_environment", "_gates", "_startup"} <= private
 
 
 def test_one_device_decision_and_one_on_off_parser() -> None:
-    import _verl_npu_autopatch_startup as startup
     from verl_npu_autopatch import _activation, _config, _environment
+    from verl_npu_autopatch import _startup as startup
 
     config = _config.read_config({"VERL_NPU_AUTOPATCH_DEVICE": "none"})
     assert _environment.device_decision(config) == ("none", "VERL_NPU_AUTOPATCH_DEVICE=none")

@@ -31,7 +31,9 @@ def test_wheel_root_holds_both_startup_files(wheel: Path) -> None:
     assert "verl_npu_autopatch.start" in names
     start = zipfile.ZipFile(wheel).read("verl_npu_autopatch.start").decode("utf-8-sig").split()
     assert start == ["_verl_npu_autopatch_startup:install_observer"]
-    assert "_verl_npu_autopatch_startup.py" in names
+    # the start-up module at the root is the package's own _startup.py
+    wheel_file = zipfile.ZipFile(wheel).read
+    assert wheel_file("_verl_npu_autopatch_startup.py") == wheel_file("verl_npu_autopatch/_startup.py")
     assert "verl_npu_autopatch/py.typed" in names
 
 
@@ -109,7 +111,7 @@ def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) 
     assert (proc.stdout, proc.stderr) == ("ok\n", "")
     # and so is a start-up module whose package is missing, at the first watched import
     (purelib / "_verl_npu_autopatch_startup.py").write_text(
-        (Path(__file__).parents[2] / "src" / (OBSERVER + ".py")).read_text()
+        (Path(__file__).parents[2] / "src" / "verl_npu_autopatch" / "_startup.py").read_text()
     )
     (purelib / "vllm").mkdir()
     (purelib / "vllm" / "__init__.py").write_text("X = 1\n")

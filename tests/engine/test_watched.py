@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import _verl_npu_autopatch_startup as startup
+from verl_npu_autopatch import _startup as startup
 from verl_npu_autopatch import catalog
 
 

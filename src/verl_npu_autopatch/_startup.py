@@ -1,5 +1,9 @@
 """verl-npu-autopatch's start-up hook: the one module every interpreter imports.
 
+The wheel ships this file twice: at its root as ``_verl_npu_autopatch_startup`` (what the ``.pth``
+line imports, so start-up imports one module and not the package) and here, for the package shipped
+alone (Ray ``py_modules``, ``PYTHONPATH``), where ``activate()`` still needs a guarding observer.
+
 ``verl_npu_autopatch.pth`` (and the PEP 829 ``verl_npu_autopatch.start``) call
 :func:`install_observer` at start-up. So this module holds only what must run then, uses only what
 ``python -c pass`` has already loaded (``os``, ``sys``), defines no class and imports nothing at
