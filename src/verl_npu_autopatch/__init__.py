@@ -6,7 +6,8 @@ imports no other module. The start-up hook is the top-level module ``_verl_npu_a
 authors use.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations``: the first watched import loads this module, and
+# importing ``__future__`` would cost more than the rest of it.
 
 __all__ = [
     "APPLY",
@@ -42,14 +43,13 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> object:
-    import importlib
-
-    if name == "patching":
-        return importlib.import_module("verl_npu_autopatch.patching")
-    module = _LAZY.get(name)
-    if module is None:
+    module = "verl_npu_autopatch.patching" if name == "patching" else _LAZY.get(name)
+    if module is None:  # also every submodule not imported yet: the import system asks first
         raise AttributeError(f"module 'verl_npu_autopatch' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    from importlib import import_module
+
+    found = import_module(module)
+    return found if name == "patching" else getattr(found, name)
 
 
 def __dir__() -> list[str]:

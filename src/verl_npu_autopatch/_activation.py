@@ -10,16 +10,12 @@ completes unpatched once activation has begun. The observer leaves ``sys.meta_pa
 activation is over (see docs/index.md, "Activation and threads").
 """
 
-from __future__ import annotations
-
 import _thread
 import os
 import sys
 
-from verl_npu_autopatch import _startup
-
-#: The start-up module in use: the one the ``.pth`` line imported, else the package's own copy.
-startup = sys.modules.get("_verl_npu_autopatch_startup") or _startup
+from verl_npu_autopatch._config import read_config, startup
+from verl_npu_autopatch._environment import device_decision
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,16 +31,13 @@ def inert_here() -> bool:
     """The engine has nothing to do in this process: the configuration's device decision, made
     without the engine. A configuration with warnings goes to the engine, which logs them, and so
     does a set ``VERL_NPU_AUTOPATCH_LOG`` (the engine logs why it stays inactive)."""
-    from verl_npu_autopatch._config import read_config
-    from verl_npu_autopatch._environment import device_decision
-
     config = read_config()
     if config.warnings or os.environ.get("VERL_NPU_AUTOPATCH_LOG", "").strip():
         return False
     return bool(device_decision(config)[1])
 
 
-def create_module(loader: Any, spec: ModuleSpec) -> ModuleType | None:
+def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
     """``create_module`` of an activating loader. For a watched package the decision is made
     here, before the module is visible in ``sys.modules``: from then on other threads' imports
     are guarded, so none of the package's submodules can be imported past the engine while it
@@ -62,7 +55,7 @@ def create_module(loader: Any, spec: ModuleSpec) -> ModuleType | None:
     return create(spec) if create is not None else None
 
 
-def exec_module(loader: Any, module: ModuleType) -> None:
+def exec_module(loader: "Any", module: "ModuleType") -> None:
     """``exec_module`` of an activating loader: activate the engine unless this host is inert
     (waiting for an activation under way in another thread), run the real loader, then let the
     engine patch the module itself (wrapt never saw this import)."""
@@ -92,7 +85,7 @@ def exec_module(loader: Any, module: ModuleType) -> None:
                 raise
 
 
-def guarding(fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+def guarding(fullname: str, path: "Any" = None, target: "Any" = None) -> "ModuleSpec | None":
     """The observer's ``find_spec`` while the engine activates. Watched packages get an
     activating loader as always. For threads other than the activating one, so do the modules of
     the gated packages (the watched ones and the other target packages) or, while the catalogue
@@ -110,7 +103,7 @@ def guarding(fullname: str, path: Any = None, target: Any = None) -> ModuleSpec 
     return None
 
 
-def _standard_library(spec: ModuleSpec) -> bool:
+def _standard_library(spec: "ModuleSpec") -> bool:
     """Whether ``spec`` is a built-in, frozen or standard-library module (never held up: the
     activating thread imports such modules)."""
     origin = spec.origin or ""
@@ -120,7 +113,7 @@ def _standard_library(spec: ModuleSpec) -> bool:
     return origin.startswith(stdlib) and "-packages" not in origin
 
 
-def guard(activator: int, packages: Any = None) -> None:
+def guard(activator: int, packages: "Any" = None) -> None:
     """Activation began on thread ``activator``: put the observer (also where the start-up hook
     did not run) in guarding mode, for every module outside the standard library until the
     catalogue is known (``packages`` is ``None``), then for the watched packages plus

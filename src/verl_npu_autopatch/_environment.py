@@ -5,8 +5,8 @@ and use only the import system already loaded; version look-ups read installed m
 (``importlib.metadata``) and are cached per process.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: this module is on the inert path of the first
+# watched import, where importing ``__future__`` would cost more than the module.
 import sys
 
 TYPE_CHECKING = False
@@ -38,7 +38,7 @@ def findable(name: str) -> bool:
     return False
 
 
-def device_decision(config: Config) -> tuple[str, str]:
+def device_decision(config: "Config") -> tuple[str, str]:
     """``(device, inert reason)`` for the configuration (``VERL_NPU_AUTOPATCH`` and
     ``VERL_NPU_AUTOPATCH_DEVICE``: ``auto``, ``npu`` or ``none``); the reason is empty when the
     engine should act. The one decision, made by the start-up observer's loader, the engine and
@@ -114,7 +114,9 @@ def distribution_version(name: str) -> str | None:
     return _versions[key]
 
 
-def check_requirement(text: str, version_of: Callable[[str], str | None] | None = None) -> tuple[bool, str, str | None]:
+def check_requirement(
+    text: str, version_of: "Callable[[str], str | None] | None" = None
+) -> tuple[bool, str, str | None]:
     """``(holds, distribution, version)`` for a specifier such as ``"vllm>=0.24"``, against the
     installed metadata or ``version_of(distribution)`` (``scripts/compat-matrix`` passes release
     versions). Pre-releases count (``0.30.0rc2`` satisfies ``>=0.30``); a missing distribution
