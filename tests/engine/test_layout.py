@@ -86,4 +86,8 @@ def test_one_device_decision_and_one_on_off_parser() -> None:
     assert (off.enabled, off.warnings) == (False, ())
     assert _environment.device_decision(off)[1] == "switched off by VERL_NPU_AUTOPATCH"
     assert (startup.flag(" OFF "), startup.flag("Yes"), startup.flag("maybe")) == (False, True, None)
-    assert not hasattr(_activation, "device_decision") and not hasattr(_config, "FALSE")
+    from verl_npu_autopatch import _gates
+
+    assert _activation.device_decision is _environment.device_decision  # the inert decision is the same one
+    assert not hasattr(_gates, "device_decision") and not hasattr(_config, "FALSE")
+    assert _config.flag is _config.startup.flag
