@@ -33,7 +33,7 @@ from _bench import interleave, median, report, summary
 
 def observer():
     """The observer the ``.pth`` installed in this interpreter."""
-    import verl_npu_autopatch as _startup
+    import _verl_npu_autopatch_startup as _startup
 
     found = _startup.installed_observer()
     if found is None:

@@ -4,8 +4,8 @@ the ``verl_npu_autopatch.pth`` file's content swapped between variants, paired a
     python3 bench/pth_content.py --python .envs/base-3.11-*/bin/python [--rounds 120]
 
 The file is restored afterwards. Variants: none; ``import os`` (an import line that loads
-nothing new); the shipped guard around ``import os`` only; a bare import of the package; the
-shipped line; and a guard that reads ``site.addpackage``'s local ``sitedir`` (not shipped: it
+nothing new); the shipped guard around ``import os`` only; a bare import of the start-up
+module; the shipped line; and a guard that reads ``site.addpackage``'s local ``sitedir`` (not shipped: it
 relies on a CPython implementation detail).
 """
 
@@ -23,14 +23,16 @@ SHIPPED = (ROOT / "verl_npu_autopatch.pth").read_text()
 VARIANTS = {
     "no .pth": None,
     "import os": "import os\n",
-    "guard around import os": SHIPPED.replace("from verl_npu_autopatch import install", "import os").replace(
-        "install()", "pass"
+    "guard around import os": SHIPPED.replace("import _verl_npu_autopatch_startup as s", "import os as s").replace(
+        "s.install_observer()", "pass"
     ),
-    "bare import of the package": "import verl_npu_autopatch; verl_npu_autopatch.install()\n",
+    "bare import of the start-up module": (
+        "import _verl_npu_autopatch_startup; _verl_npu_autopatch_startup.install_observer()\n"
+    ),
     "shipped line": SHIPPED,
     "sitedir guard (not shipped)": (
-        "import os; 'sitedir' in dir() and not os.path.isdir(os.path.join(sitedir, 'verl_npu_autopatch'))"
-        " or __import__('verl_npu_autopatch').install()\n"
+        "import os; 'sitedir' in dir() and not os.path.isfile(os.path.join(sitedir, '_verl_npu_autopatch_startup.py'))"
+        " or __import__('_verl_npu_autopatch_startup').install_observer()\n"
     ),
 }
 

@@ -1,16 +1,18 @@
-"""Idle start-up: ``python -c pass`` in a venv with vs without verl-npu-autopatch, and the
-kvcached pattern (a ``.pth`` line ``import wrapt``) in the same run.
+"""Idle start-up: ``python -c pass`` in a venv with vs without verl-npu-autopatch, and, in the
+same run, the kvcached pattern (a ``.pth`` line ``import wrapt``) and autowrapt 2.0 (the smallest
+``.pth`` start-up hook we know: one small module, no classes, no module-level imports).
 
-Three venvs are made from the same base interpreter with ``--without-pip`` (identical but for
+Four venvs are made from the same base interpreter with ``--without-pip`` (identical but for
 what is installed): *plain*; *package* (the wheel and its dependencies, installed by pip, which
 byte-compiles them as any install does); *wrapt-pth* (wrapt plus a ``.pth`` holding ``import
-wrapt``). Measured in interleaved rounds: the wall time and child CPU time of ``python -c pass``,
+wrapt``); *autowrapt* (``autowrapt==2.0.0`` from PyPI and its dependency wrapt, installed the
+same way). Measured in interleaved rounds: the wall time and child CPU time of ``python -c pass``,
 and, in-process, how long ``site.main()`` (the ``.pth`` processing) takes.
 
     python3 bench/startup.py --python .envs/runner-3.11-*/bin/python [--wheel dist/x.whl] [--rounds 300]
         [--compare other.whl]
 
-``--compare`` adds a fourth venv, *compare*, with another build of the package (e.g. the main
+``--compare`` adds a fifth venv, *compare*, with another build of the package (e.g. the main
 branch's), measured in the same interleaved rounds: the paired difference *package - compare*
 is what a change costs at start-up.
 
@@ -29,14 +31,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _bench import ROOT, clean_env, interleave, report, run, spawn_timed, summary
 
+#: The autowrapt release the *autowrapt* venv installs.
+AUTOWRAPT = "autowrapt==2.0.0"
 SITE_MAIN = "import time; t = time.perf_counter(); import site; site.main(); print(time.perf_counter() - t)"
 
 
 def make_venvs(python: str, wheel: Path, where: Path, compare: Path | None = None) -> dict[str, Path]:
-    """The three venvs (four with ``compare``); returns ``{variant: its python}``."""
+    """The four venvs (five with ``compare``); returns ``{variant: its python}``."""
     base = run([python, "-c", "import sys; print(sys._base_executable)"]).strip()
     found = {}
-    for name in ("plain", "package", "wrapt-pth", *(("compare",) if compare else ())):
+    for name in ("plain", "package", "wrapt-pth", "autowrapt", *(("compare",) if compare else ())):
         run([base, "-m", "venv", "--without-pip", where / name])
         found[name] = where / name / "bin" / "python"
     pip = [python, "-m", "pip", "--python"]
@@ -44,6 +48,7 @@ def make_venvs(python: str, wheel: Path, where: Path, compare: Path | None = Non
     if compare:
         run([*pip, found["compare"], "install", "-q", "--disable-pip-version-check", compare])
     run([*pip, found["wrapt-pth"], "install", "-q", "--disable-pip-version-check", "wrapt"])
+    run([*pip, found["autowrapt"], "install", "-q", "--disable-pip-version-check", AUTOWRAPT])
     purelib = run([found["wrapt-pth"], "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
     Path(purelib, "kvcached_like.pth").write_text("import wrapt\n")
     return found
@@ -87,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             "child CPU time (user+sys) of `python -c pass` (ms)": summary(cpu, "plain", "ms", 1e3),
             "in-process `site.main()` (.pth processing) (ms)": summary(sites, "plain", "ms", 1e3),
         }
+        pair = ("autowrapt", "package")
+        tables["package vs autowrapt: `site.main()` (ms)"] = summary(
+            {k: sites[k] for k in pair}, "autowrapt", "ms", 1e3
+        )
         if args.compare:
             pair = ("compare", "package")
             tables["package vs compare: wall (ms)"] = summary({k: walls[k] for k in pair}, "compare", "ms", 1e3)

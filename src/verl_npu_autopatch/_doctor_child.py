@@ -26,11 +26,10 @@ def step(what: str) -> None:
 def main() -> None:
     """Activate, import every pending target, print the report."""
     step("activation (loading the catalogue and the plugins)")
-    import verl_npu_autopatch
-    from verl_npu_autopatch.config import read_config
-    from verl_npu_autopatch.engine import engine
+    from verl_npu_autopatch._config import read_config
+    from verl_npu_autopatch.engine import activate, engine, report
 
-    verl_npu_autopatch.activate("doctor")
+    activate("doctor")
     eng = engine()
     absent: set[str] = set()
     errors: dict[str, str] = {}
@@ -47,7 +46,7 @@ def main() -> None:
             errors[module] = f"{type(exc).__name__}: {exc}"
     step("settling the records")
     eng.settle(absent)
-    data = verl_npu_autopatch.report().to_dict()
+    data = report().to_dict()
     data["import_errors"] = errors
     data["strict"] = read_config().strict
     sys.stdout.write("\n" + DOCTOR_MARK + json.dumps(data))

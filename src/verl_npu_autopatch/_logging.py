@@ -9,7 +9,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
 
-    from verl_npu_autopatch.config import Config
+    from verl_npu_autopatch._config import Config
 
 __all__ = ["LOGGER_NAME", "configure", "level_of", "logger"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from verl_npu_autopatch import ownership, probes
+from verl_npu_autopatch import _environment, ownership
 from verl_npu_autopatch._resolution import resolve
 from verl_npu_autopatch.patching import describe, marked_by
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping
     from types import ModuleType
 
-    from verl_npu_autopatch.config import Config
+    from verl_npu_autopatch._config import Config
     from verl_npu_autopatch.handover import HandOver
     from verl_npu_autopatch.spec import Patch, Site, Target, Undo
 
@@ -52,7 +52,7 @@ def run(
     *,
     absent: Collection[str] = (),
     engine: HandOver | None = None,
-    npu_visible: Callable[[], bool] = probes.npu_device_visible,
+    npu_visible: Callable[[], bool] = _environment.npu_device_visible,
 ) -> Outcome:
     """Decide and, when it applies, install ``patch`` on the first live variant of ``variants``
     (``module``: the module just imported, or ``None`` to conclude from ``sys.modules`` and

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import verl_npu_autopatch
-from verl_npu_autopatch import __version__, catalog, gates, probes
-from verl_npu_autopatch.config import VARIABLES, read_config
+from verl_npu_autopatch import _environment, _gates, _startup, catalog
+from verl_npu_autopatch._config import VARIABLES, read_config
+from verl_npu_autopatch._version import __version__
 from verl_npu_autopatch.doctor import DOCTOR_TIMEOUT_S, TIMED_OUT, doctor_exit_code, print_doctor, run_doctor
 from verl_npu_autopatch.records import table
 from verl_npu_autopatch.spec import Patch, Target
@@ -65,17 +65,17 @@ def status_data() -> dict[str, Any]:
     """This environment, configuration, device decision and each patch's gates, without
     importing any target."""
     config = read_config()
-    device, inert = gates.device_decision(config)
+    device, inert = _environment.device_decision(config)
     loaded = catalog.load(config.disable)
     warnings = [*config.warnings, *config.unknown_names(loaded.names())]
     errors = []
     if not inert:
-        problem = probes.wrapt_problem()
+        problem = _environment.wrapt_problem()
         if problem:
             errors.append(problem)
     plans = []
     for patch in loaded.patches:
-        plan = gates.plan(patch, config)
+        plan = _gates.plan(patch, config)
         state = plan.state if not inert or plan.state != "pending" else "inactive"
         plans.append(
             {
@@ -94,7 +94,7 @@ def status_data() -> dict[str, Any]:
         "package": str(Path(__file__).parent),
         "python": sys.executable,
         "install_files": files,
-        "observer_installed": verl_npu_autopatch.installed_observer() is not None,
+        "observer_installed": _startup.installed_observer() is not None,
         "site_disabled": bool(sys.flags.no_site),
         "configuration": config.to_dict(),
         "warnings": warnings,
@@ -102,7 +102,7 @@ def status_data() -> dict[str, Any]:
         "device": device,
         "active": not inert,
         "inactive_reason": inert,
-        "distributions": {name: probes.distribution_version(name) for name in SHOWN_DISTRIBUTIONS},
+        "distributions": {name: _environment.distribution_version(name) for name in SHOWN_DISTRIBUTIONS},
         "patches": plans,
         "load_errors": [{"name": n, "error": e} for n, e, _ in loaded.errors],
         "skipped_entry_points": loaded.skipped,

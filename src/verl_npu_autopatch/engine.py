@@ -17,11 +17,10 @@ from __future__ import annotations
 import _thread
 import sys
 
-import verl_npu_autopatch
-from verl_npu_autopatch import _logging, gates, probes
+from verl_npu_autopatch import _activation, _environment, _gates, _logging
+from verl_npu_autopatch._config import Config, read_config
 from verl_npu_autopatch._installed import Installed
 from verl_npu_autopatch._logging import LOGGER_NAME
-from verl_npu_autopatch.config import Config, read_config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -91,7 +90,7 @@ class Engine(Installed):
 
         Runs once; a concurrent call waits until the first is done, later calls return at once.
         While it runs, the process-wide engine has the start-up observer guard imports (see
-        ``verl_npu_autopatch.guard``), so a target imported meanwhile by another thread waits and
+        ``_activation.guard``), so a target imported meanwhile by another thread waits and
         is patched before its import completes. Never raises, except ``PatchError`` in strict
         mode. Never called with the interpreter's import lock held (the start-up observer
         activates from its loader, not from ``find_spec``).
@@ -107,17 +106,17 @@ class Engine(Installed):
             config = self._config = self._config or read_config()
             self.warnings = list(config.warnings)
             _logging.configure(config)
-            self.device, inert = gates.device_decision(config)
+            self.device, inert = _environment.device_decision(config)
             if inert:
                 self.status, self.reason = "inactive", inert
                 self._flush_warnings()
                 if config.log_level:
                     _logging.logger().info("engine inactive: %s", inert)
                 if self is _ENGINE:
-                    verl_npu_autopatch.stop_observing()
+                    _activation.stop_observing()
                 return
             if self is _ENGINE:
-                verl_npu_autopatch.guard(self._activator)
+                _activation.guard(self._activator)
             try:
                 self._activate(config)
             except PatchError:
@@ -129,7 +128,7 @@ class Engine(Installed):
                     raise PatchError(f"verl-npu-autopatch {self.reason} (strict mode)") from exc
             finally:
                 if self is _ENGINE:
-                    verl_npu_autopatch.stop_observing()
+                    _activation.stop_observing()
         finally:
             self._activation_lock.release()
 
@@ -155,10 +154,10 @@ class Engine(Installed):
         from verl_npu_autopatch._slots import Slot
         from verl_npu_autopatch.records import Record
 
-        problem = probes.wrapt_problem()
+        problem = _environment.wrapt_problem()
         if problem:  # an old wrapt registers hooks that may never fire
             raise RuntimeError(problem)
-        logger.debug("wrapt %s from %s", probes.distribution_version("wrapt"), getattr(wrapt, "__file__", "?"))
+        logger.debug("wrapt %s from %s", _environment.distribution_version("wrapt"), getattr(wrapt, "__file__", "?"))
 
         if self._catalogue is not None:
             loaded = catalog.Catalogue(list(self._catalogue))
@@ -182,8 +181,8 @@ class Engine(Installed):
                 unique[patch.name] = patch
         if self is _ENGINE:  # from now on guard only the target packages
             tops = {t.module.partition(".")[0] for p in unique.values() for t in p.hooks}
-            verl_npu_autopatch.guard(self._activator, tops)
-        plans = {name: gates.plan(patch, config) for name, patch in unique.items()}
+            _activation.guard(self._activator, tops)
+        plans = {name: _gates.plan(patch, config) for name, patch in unique.items()}
         with self._lock:
             self.status, self.reason = "active", f"activated by {self.trigger}"
             for name, plan in plans.items():
@@ -463,9 +462,9 @@ def report() -> Report:
     """What the process-wide engine decided so far, patch by patch, with the configuration
     warnings (also on hosts where it stays inactive)."""
     if _ENGINE.status == "not-activated":
-        if verl_npu_autopatch.woken_inert:
-            _ENGINE.activate(verl_npu_autopatch.woken_inert)  # the start-up hook found it inert; say why
-        elif verl_npu_autopatch.switched_off():
+        if _activation.woken_inert:
+            _ENGINE.activate(_activation.woken_inert)  # the start-up hook found it inert; say why
+        elif not read_config().enabled:
             _ENGINE.activate("report()")  # say that it is switched off
     if _ENGINE.status == "not-activated":
         found = _ENGINE.report()

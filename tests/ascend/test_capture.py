@@ -18,7 +18,7 @@ import doubles
 import pytest
 import upstream
 
-from verl_npu_autopatch import probes
+from verl_npu_autopatch import _environment
 from verl_npu_autopatch.patches import ascend_capture
 
 STATE = "ascend.routed_experts_capture"
@@ -45,7 +45,7 @@ def release(request, releases, npu, tmp_path, monkeypatch) -> Iterator[Path]:
     )
     capture_before = routed_experts_capturer.RoutedExpertsCapturer.__dict__["capture"]
     sys.path.insert(0, str(tmp_path / "site"))
-    monkeypatch.setattr(probes, "_versions", {})
+    monkeypatch.setattr(_environment, "_versions", {})
     try:
         with doubles.modules({ascend_capture.WORKER: worker, context.__name__: context}):
             yield root

@@ -78,7 +78,7 @@ def load_subset(
 def run_engine(patches: list[Any], **env: str) -> Any:
     """A fresh, activated ``Engine`` over ``patches`` with the device forced to NPU and the
     configuration read from ``env`` (variable name → value) by the real config parser."""
-    from verl_npu_autopatch.config import read_config
+    from verl_npu_autopatch._config import read_config
     from verl_npu_autopatch.engine import Engine
 
     engine = Engine(list(patches), read_config({"VERL_NPU_AUTOPATCH_DEVICE": "npu", **env}))

@@ -12,7 +12,7 @@ import pytest
 from support.children import run
 
 from verl_npu_autopatch import catalog, cli
-from verl_npu_autopatch.config import Config
+from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patches import ascend_capture, vllm_engine
 from verl_npu_autopatch.patching import marked_by, set_attribute

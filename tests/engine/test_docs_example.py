@@ -19,7 +19,7 @@ def test_docs_example_patch_applies_to_real_transformers(hf_python: Path, tmp_pa
     code = """
 import json, torch
 import npu_fixes
-from verl_npu_autopatch.config import Config
+from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
 engine = Engine(npu_fixes.PATCHES, Config(device="npu"))
 engine.activate("docs")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from support.children import run_json
 
+from verl_npu_autopatch._config import Config
 from verl_npu_autopatch._pipeline import Outcome, run
-from verl_npu_autopatch.config import Config
 from verl_npu_autopatch.patching import mark, set_attribute
 from verl_npu_autopatch.spec import Patch, Target, fixed_upstream, unsupported
 
@@ -144,7 +144,7 @@ def test_runs_where_wrapt_cannot_be_imported(base_python: Path) -> None:
 import json, sys, types
 sys.modules["wrapt"] = None  # any "import wrapt" now raises ImportError
 from verl_npu_autopatch._pipeline import run
-from verl_npu_autopatch.config import Config
+from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.patching import mark, set_attribute
 from verl_npu_autopatch.spec import Patch, Target
 

@@ -36,6 +36,17 @@ def test_a_wheel_with_the_pth_in_a_package_folder_fails(wheel: Path, tmp_path: P
     assert "verl_npu_autopatch.start is not at the wheel root" in result.stderr
 
 
+def test_a_wheel_without_the_startup_module_at_its_root_fails(wheel: Path, tmp_path: Path) -> None:
+    broken = tmp_path / wheel.name
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(broken, "w") as target:
+        for name in source.namelist():
+            if name != "_verl_npu_autopatch_startup.py":
+                target.writestr(name, source.read(name))
+    result = run(broken)
+    assert result.returncode == 1
+    assert "_verl_npu_autopatch_startup.py is not at the wheel root" in result.stderr
+
+
 def test_release_workflow_runs_the_checks() -> None:
     workflow = (ROOT / ".github" / "workflows" / "release.yml").read_text(encoding="utf-8")
     for step in ("twine check", "scripts/check-wheel dist/*.whl", "verl-npu-autopatch doctor"):

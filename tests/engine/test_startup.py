@@ -12,9 +12,11 @@ import pytest
 from support.children import run, run_json
 
 OBSERVERS = (
-    "import sys, json; print(json.dumps([type(f).__name__ for f in sys.meta_path "
+    "import sys, json; print(json.dumps([getattr(f, '__name__', type(f).__name__) for f in sys.meta_path "
     "if getattr(f, 'verl_npu_autopatch_observer', False)]))"
 )
+#: The observer is the start-up module itself.
+OBSERVER = "_verl_npu_autopatch_startup"
 MODULES = "import sys, json; print(json.dumps(sorted(sys.modules)))"
 
 
@@ -28,13 +30,16 @@ def test_wheel_root_holds_both_startup_files(wheel: Path) -> None:
     assert "verl_npu_autopatch.pth" in names
     assert "verl_npu_autopatch.start" in names
     start = zipfile.ZipFile(wheel).read("verl_npu_autopatch.start").decode("utf-8-sig").split()
-    assert start == ["verl_npu_autopatch:install"]
+    assert start == ["_verl_npu_autopatch_startup:install_observer"]
+    # the start-up module at the root is the package's own _startup.py
+    wheel_file = zipfile.ZipFile(wheel).read
+    assert wheel_file("_verl_npu_autopatch_startup.py") == wheel_file("verl_npu_autopatch/_startup.py")
     assert "verl_npu_autopatch/py.typed" in names
 
 
 def test_observer_installed_exactly_once(any_python: Path) -> None:
     # venvs process their .pth files twice (cpython#75723): still one observer
-    assert run_json(any_python, OBSERVERS, fixtures=False) == ["Observer"]
+    assert run_json(any_python, OBSERVERS, fixtures=False) == [OBSERVER]
 
 
 def test_startup_imports_nothing_heavy(any_python: Path, tmp_path: Path) -> None:
@@ -44,7 +49,7 @@ def test_startup_imports_nothing_heavy(any_python: Path, tmp_path: Path) -> None
     without = set(run_json(bare / "bin" / "python", MODULES, fixtures=False))
     with_package = set(run_json(any_python, MODULES, fixtures=False))
     # site.py itself (3.13+) loads the utf-8-sig codec to read any .pth file
-    assert with_package - without - {"encodings.utf_8_sig"} == {"verl_npu_autopatch"}
+    assert with_package - without - {"encodings.utf_8_sig"} == {"_verl_npu_autopatch_startup"}
 
 
 def test_master_switch_installs_nothing(any_python: Path) -> None:
@@ -54,7 +59,7 @@ def test_master_switch_installs_nothing(any_python: Path) -> None:
 
 def test_dash_capital_s_does_nothing(any_python: Path) -> None:
     seen = run_json(any_python, "import sys, json; print(json.dumps(sorted(sys.modules)))", args=("-S",))
-    assert not [m for m in seen if m.startswith("verl_npu_autopatch")]
+    assert not [m for m in seen if "verl_npu_autopatch" in m]
 
 
 def test_start_file_entry_point_works_as_pep_829_calls_it(any_python: Path) -> None:
@@ -65,9 +70,9 @@ sys.path.append({str(purelib)!r})
 line = open({str(purelib / "verl_npu_autopatch.start")!r}, encoding="utf-8-sig").read().strip()
 entry = pkgutil.resolve_name(line)
 entry(); entry()
-print(json.dumps([type(f).__name__ for f in sys.meta_path if getattr(f, "verl_npu_autopatch_observer", False)]))
+print(json.dumps([f.__name__ for f in sys.meta_path if getattr(f, "verl_npu_autopatch_observer", False)]))
 """
-    assert run_json(any_python, code, args=("-S",), fixtures=False) == ["Observer"]
+    assert run_json(any_python, code, args=("-S",), fixtures=False) == [OBSERVER]
 
 
 def test_odd_values_never_break_startup(any_python: Path) -> None:
@@ -100,11 +105,18 @@ def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) 
     (purelib / "verl_npu_autopatch.pth").write_text((Path(__file__).parents[2] / "verl_npu_autopatch.pth").read_text())
     proc = run(env / "bin" / "python", "print('ok')", fixtures=False)
     assert (proc.stdout, proc.stderr) == ("ok\n", "")
-    # a broken install (package present but unimportable) is just as silent
-    (purelib / "verl_npu_autopatch").mkdir()
-    (purelib / "verl_npu_autopatch" / "__init__.py").write_text("this is not python\n")
+    # a broken install (start-up module present but unimportable) is just as silent
+    (purelib / "_verl_npu_autopatch_startup.py").write_text("this is not python\n")
     proc = run(env / "bin" / "python", "print('ok')", fixtures=False)
     assert (proc.stdout, proc.stderr) == ("ok\n", "")
+    # and so is a start-up module whose package is missing, at the first watched import
+    (purelib / "_verl_npu_autopatch_startup.py").write_text(
+        (Path(__file__).parents[2] / "src" / "verl_npu_autopatch" / "_startup.py").read_text()
+    )
+    (purelib / "vllm").mkdir()
+    (purelib / "vllm" / "__init__.py").write_text("X = 1\n")
+    proc = run(env / "bin" / "python", "import vllm; print(vllm.X)", fixtures=False)
+    assert (proc.stdout, proc.stderr) == ("1\n", "")
 
 
 @pytest.mark.parametrize("editable", [False, True], ids=["pip-install-dot", "pip-install-e"])
@@ -116,7 +128,7 @@ def test_source_install_and_uninstall(tmp_path: Path, base_python: Path, editabl
     python = env / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, *(["-e"] if editable else []), str(root)], check=True, capture_output=True)
-    assert run_json(python, OBSERVERS, fixtures=False) == ["Observer"]
+    assert run_json(python, OBSERVERS, fixtures=False) == [OBSERVER]
     location = run(python, "import verl_npu_autopatch; print(verl_npu_autopatch.__file__)", fixtures=False).stdout
     assert location.startswith(str(root / "src")) is editable
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "verl-npu-autopatch"], check=True)
@@ -131,7 +143,7 @@ def test_wheel_install_with_uv_and_uninstall(tmp_path: Path, wheel: Path, base_p
     subprocess.run([str(base_python), "-m", "venv", str(env)], check=True)
     python = env / "bin" / "python"
     subprocess.run([str(uv), "pip", "install", "-q", "--python", str(python), str(wheel)], check=True)
-    assert run_json(python, OBSERVERS, fixtures=False) == ["Observer"]
+    assert run_json(python, OBSERVERS, fixtures=False) == [OBSERVER]
     subprocess.run([str(uv), "pip", "uninstall", "-q", "--python", str(python), "verl-npu-autopatch"], check=True)
     assert not [p.name for p in site_packages(python).iterdir() if "verl_npu_autopatch" in p.name]
     assert json.loads(run(python, OBSERVERS, fixtures=False).stdout) == []

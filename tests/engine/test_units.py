@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_npu_autopatch.config import Config, read_config
+from verl_npu_autopatch._config import Config, read_config
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.handover import HandOver
 from verl_npu_autopatch.patching import mark, set_attribute

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from verl_npu_autopatch.config import Config
+from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.spec import Patch, Target, unsupported
 

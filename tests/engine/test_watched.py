@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import verl_npu_autopatch
+from verl_npu_autopatch import _startup as startup
 from verl_npu_autopatch import catalog, patches
 
 
 def test_every_builtin_site_is_under_a_watched_package() -> None:
     touched = [target for patch in catalog.builtin() for target in patch.touches()]
     tops = {target.module.partition(".")[0] for target in touched}
-    assert tops - verl_npu_autopatch.WATCHED == set()
+    assert tops - startup.WATCHED == set()
     assert {"tensordict", "torch_npu", "megatron", "vllm_ascend"} <= tops
     # triggers and secondary sites are covered too, not only targets
     assert {str(t) for t in touched} >= {
@@ -29,6 +29,6 @@ def test_the_catalogue_holds_every_public_module_of_patches_and_no_helper() -> N
 
 
 def test_the_miss_path_is_one_frozenset_lookup() -> None:
-    observer = verl_npu_autopatch.Observer()
-    assert type(observer.watched) is frozenset
-    assert observer.find_spec("json") is None and observer.find_spec("torch") is None
+    assert type(startup.WATCHED) is frozenset
+    assert startup.observe("json") is None and startup.observe("torch") is None
+    assert startup.find_spec is startup.observe  # observing, not guarding, in this process

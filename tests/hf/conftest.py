@@ -20,7 +20,7 @@ import npu_emulation  # noqa: E402
 import transformers  # noqa: E402,F401  (the process-wide engine activates now, before the test double exists)
 from tiny_configs import DIMS, LINEAR, MOE, MROPE, rope_arguments  # noqa: E402
 
-from verl_npu_autopatch.config import Config  # noqa: E402
+from verl_npu_autopatch._config import Config  # noqa: E402
 from verl_npu_autopatch.engine import Engine  # noqa: E402
 from verl_npu_autopatch.patches import liger, transformers_npu  # noqa: E402
 

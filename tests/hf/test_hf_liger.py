@@ -14,7 +14,7 @@ PRELUDE = textwrap.dedent(
     import json, sys
     sys.path.insert(0, __TESTS_HF__)
     from tiny_configs import MROPE, rope_arguments
-    from verl_npu_autopatch.config import Config
+    from verl_npu_autopatch._config import Config
     from verl_npu_autopatch.engine import Engine
     from verl_npu_autopatch.patches import liger, transformers_npu
     from verl_npu_autopatch.patching import marked_by

@@ -27,8 +27,12 @@ def startup() -> dict[str, Any]:
         "pid": os.getpid(),
         "executable": sys.executable,
         "prefix": sys.prefix,
-        "observers": [type(f).__name__ for f in sys.meta_path if getattr(f, "verl_npu_autopatch_observer", False)],
-        "startup_loaded": "verl_npu_autopatch" in sys.modules,
+        "observers": [
+            getattr(f, "__name__", type(f).__name__)
+            for f in sys.meta_path
+            if getattr(f, "verl_npu_autopatch_observer", False)
+        ],
+        "startup_loaded": "_verl_npu_autopatch_startup" in sys.modules,
         "package_file": package_file,
         "installed_from": (direct_url or {}).get("url"),
         "pytest_findable": importlib.util.find_spec("pytest") is not None,

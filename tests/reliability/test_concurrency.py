@@ -21,11 +21,11 @@ THREADS = 16
 
 RACE = """
 import json, sys, threading, time
-import verl_npu_autopatch
+import _verl_npu_autopatch_startup, verl_npu_autopatch
 
 def activation_began():
-    observer = verl_npu_autopatch.installed_observer()  # guarding, or gone once activation is over
-    return observer is None or "find_spec" in vars(observer)
+    observer = _verl_npu_autopatch_startup.installed_observer()  # guarding, or gone once activation is over
+    return observer is None or observer.find_spec is not observer.observe
 
 barrier = threading.Barrier(THREADS)
 calls, errors = [], []

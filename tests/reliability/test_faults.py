@@ -279,9 +279,9 @@ def test_double_pth_run(base_python: Path) -> None:
     purelib = run(base_python, "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     code = (
         f"""
-import site, verl_npu_autopatch
+import site, _verl_npu_autopatch_startup
 exec(open({purelib + "/verl_npu_autopatch.pth"!r}).read())
-site.addsitedir({purelib!r}); verl_npu_autopatch.install()
+site.addsitedir({purelib!r}); _verl_npu_autopatch_startup.install_observer()
 observers = [f for f in __import__("sys").meta_path if getattr(f, "verl_npu_autopatch_observer", False)]
 assert len(observers) == 1, observers
 import autopatch_test_plugin

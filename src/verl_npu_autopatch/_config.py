@@ -1,15 +1,19 @@
 """Configuration from the environment, read once at activation.
 
-Kept free of heavy imports (no ``dataclasses``, ``typing`` or ``logging``): it runs on the inert
-path of a non-NPU host, where activation must cost well under a millisecond. Problems are
+Kept free of heavy imports (no ``dataclasses``, ``typing``, ``logging``, not even ``__future__``):
+it runs on the inert path of a non-NPU host, where activation must cost well under a millisecond. Problems are
 collected as warning texts; the engine logs each once.
 """
 
-from __future__ import annotations
-
 import os
+import sys
 
-from verl_npu_autopatch import _FALSY
+#: The start-up module in use: the one the ``.pth`` line imported, else the package's own copy
+#: (the package shipped alone, or ``python -S``). Its ``flag`` is the one on/off parser.
+startup = sys.modules.get("_verl_npu_autopatch_startup")
+if startup is None:
+    from verl_npu_autopatch import _startup as startup
+flag = startup.flag
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # without importing typing or collections at run time
@@ -18,9 +22,6 @@ if TYPE_CHECKING:  # without importing typing or collections at run time
 PREFIX = "VERL_NPU_AUTOPATCH"
 LEGACY_GLM52 = "VERL_VLLM_ASCEND_GLM52_PATCH"
 
-TRUE = frozenset({"1", "true", "yes", "on", "y", "t", "enable", "enabled"})
-#: The same words the start-up hook reads as "switched off".
-FALSE = _FALSY
 DEVICES = ("auto", "npu", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -87,25 +88,23 @@ class Config:
         return found
 
 
-def _flag(environ: Mapping[str, str], name: str, default: bool, warnings: list[str]) -> bool:
+def _flag(environ: "Mapping[str, str]", name: str, default: bool, warnings: list[str]) -> bool:
     raw = environ.get(name)
     if raw is None or not raw.strip():
         return default
-    value = raw.strip().lower()
-    if value in TRUE:
-        return True
-    if value in FALSE:
-        return False
+    value = flag(raw)
+    if value is not None:
+        return value
     fallback = "on" if default else "off"
     warnings.append(f"{name}={raw!r} is not understood; accepted values: {VARIABLES[name]}. Using {fallback}.")
     return default
 
 
-def _names(environ: Mapping[str, str], name: str) -> frozenset[str]:
+def _names(environ: "Mapping[str, str]", name: str) -> frozenset[str]:
     return frozenset(part.strip() for part in environ.get(name, "").split(",") if part.strip())
 
 
-def read_config(environ: Mapping[str, str] | None = None) -> Config:
+def read_config(environ: "Mapping[str, str] | None" = None) -> Config:
     """Parse the configuration variables; bad values keep their defaults and add a warning."""
     env = os.environ if environ is None else environ
     warnings: list[str] = []

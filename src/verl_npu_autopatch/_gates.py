@@ -1,24 +1,17 @@
-"""Decisions made before any target is imported: is the engine active here, and for each patch
-is it disabled, gated, or pending on which target variants. Shared by the engine and ``status``."""
+"""Decisions made before any target is imported: for each patch, is it disabled, gated, or
+pending on which target variants. Shared by the engine and ``status``; whether the engine is
+active here at all is ``_environment.device_decision``."""
 
 from __future__ import annotations
 
-import verl_npu_autopatch
-from verl_npu_autopatch import probes
+from verl_npu_autopatch import _environment
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from verl_npu_autopatch.config import Config
+    from verl_npu_autopatch._config import Config
     from verl_npu_autopatch.spec import Patch, Target
-
-
-def device_decision(config: Config) -> tuple[str, str]:
-    """``(device, inert reason)``; the reason is empty when the engine should act."""
-    if not config.enabled:
-        return "-", "switched off by VERL_NPU_AUTOPATCH"
-    return verl_npu_autopatch.device_decision(config.device)
 
 
 class Plan:
@@ -45,9 +38,9 @@ def first_failure(
     version_of: Callable[[str], str | None] | None = None,
 ) -> str:
     """Why the first unmet requirement fails ("" when all hold); fills ``versions`` with what
-    was seen. ``version_of`` replaces the installed metadata (see ``probes.check_requirement``)."""
+    was seen. ``version_of`` replaces the installed metadata (see ``_environment.check_requirement``)."""
     for requirement in requirements:
-        holds, dist, version = probes.check_requirement(requirement, version_of)
+        holds, dist, version = _environment.check_requirement(requirement, version_of)
         versions[dist] = version
         if not holds:
             return _gate_reason(requirement, dist, version)
@@ -66,12 +59,12 @@ def plan(patch: Patch, config: Config) -> Plan:
     failure = first_failure(patch.requires, versions)
     if failure:
         return Plan("gated", failure, versions, ())
-    if patch.device == "npu-stack" and config.device != "npu" and not probes.npu_stack_installed():
+    if patch.device == "npu-stack" and config.device != "npu" and not _environment.npu_stack_installed():
         return Plan("gated", "needs the NPU stack (torch_npu)", versions, ())
     variants, failures = [], {}
     for target in patch.hooks:
         package = target.module.partition(".")[0]
-        failure = "" if probes.findable(package) else f"package {package} is not installed"
+        failure = "" if _environment.findable(package) else f"package {package} is not installed"
         failure = failure or first_failure(target.requires, versions)
         if failure:
             failures[str(target)] = failure

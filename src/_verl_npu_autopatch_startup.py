@@ -1,0 +1,1 @@
+verl_npu_autopatch/_startup.py

@@ -1,0 +1,146 @@
+"""What the start-up observer does once a watched package starts loading: decide whether this host
+is inert, guard other threads' imports while the engine activates, activate it, and patch the
+package itself. Imported by the activating loader of the start-up module (outside the
+interpreter's global import lock) and by the engine; standard library only, light.
+
+While the engine activates, the observer *guards* imports (:func:`guard`): every watched package
+and every submodule of a watched (or target) package that another thread imports waits in its
+loader until the hooks are registered, and is patched as it finishes loading. So no target import
+completes unpatched once activation has begun. The observer leaves ``sys.meta_path`` when
+activation is over (see docs/index.md, "Activation and threads").
+"""
+
+import _thread
+import os
+import sys
+
+from verl_npu_autopatch._config import read_config, startup
+from verl_npu_autopatch._environment import device_decision
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
+#: The watched package whose import found this host inert without importing the engine.
+woken_inert = ""
+
+
+def inert_here() -> bool:
+    """The engine has nothing to do in this process: the configuration's device decision, made
+    without the engine. A configuration with warnings goes to the engine, which logs them, and so
+    does a set ``VERL_NPU_AUTOPATCH_LOG`` (the engine logs why it stays inactive)."""
+    config = read_config()
+    if config.warnings or os.environ.get("VERL_NPU_AUTOPATCH_LOG", "").strip():
+        return False
+    return bool(device_decision(config)[1])
+
+
+def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
+    """``create_module`` of an activating loader. For a watched package the decision is made
+    here, before the module is visible in ``sys.modules``: from then on other threads' imports
+    are guarded, so none of the package's submodules can be imported past the engine while it
+    loads."""
+    if loader.waits_for is None:
+        try:
+            loader.inert = inert_here()
+            if loader.inert:
+                stop_observing()
+            else:
+                begin_guard(spec.name)
+        except Exception:
+            pass
+    create = getattr(loader.loader, "create_module", None)
+    return create(spec) if create is not None else None
+
+
+def exec_module(loader: "Any", module: "ModuleType") -> None:
+    """``exec_module`` of an activating loader: activate the engine unless this host is inert
+    (waiting for an activation under way in another thread), run the real loader, then let the
+    engine patch the module itself (wrapt never saw this import)."""
+    global woken_inert
+    module.__loader__ = loader.loader
+    if getattr(module, "__spec__", None) is not None:
+        module.__spec__.loader = loader.loader
+    engine = None
+    try:
+        if loader.inert:
+            woken_inert = woken_inert or module.__name__
+        else:
+            from verl_npu_autopatch import engine
+
+            engine.activate(trigger=loader.waits_for or module.__name__)
+    except Exception as exc:  # the engine records its own failures; never break the import
+        if type(exc).__name__ == "PatchError":  # strict mode: raise at the watched import
+            raise
+        engine = None
+        stop_observing()  # e.g. an unimportable engine: do not hold other imports up
+    loader.loader.exec_module(module)
+    if engine is not None:
+        try:
+            engine.engine().module_loaded(module)
+        except Exception as exc:
+            if type(exc).__name__ == "PatchError":  # strict mode: raise at the target's import
+                raise
+
+
+def guarding(fullname: str, path: "Any" = None, target: "Any" = None) -> "ModuleSpec | None":
+    """The observer's ``find_spec`` while the engine activates. Watched packages get an
+    activating loader as always. For threads other than the activating one, so do the modules of
+    the gated packages (the watched ones and the other target packages) or, while the catalogue
+    is not loaded yet (``gated is None``), every module outside the standard library and this
+    package: their loader waits for the activation to end before the module executes."""
+    if fullname in startup.WATCHED:
+        return startup.observe(fullname, path, target)
+    top = fullname.partition(".")[0]
+    gated = startup.gated
+    held = top in gated if gated is not None else top not in ("verl_npu_autopatch", "_verl_npu_autopatch_startup")
+    if held and _thread.get_ident() != startup.activator:
+        spec = startup.real_spec(fullname, path, target)
+        if spec is not None and (gated is not None or not _standard_library(spec)):
+            return startup.activating(spec, startup.trigger or fullname)
+    return None
+
+
+def _standard_library(spec: "ModuleSpec") -> bool:
+    """Whether ``spec`` is a built-in, frozen or standard-library module (never held up: the
+    activating thread imports such modules)."""
+    origin = spec.origin or ""
+    if origin in ("built-in", "frozen") or type(spec.loader).__name__ in ("BuiltinImporter", "FrozenImporter"):
+        return True
+    stdlib = os.path.dirname(os.__file__) + os.sep
+    return origin.startswith(stdlib) and "-packages" not in origin
+
+
+def guard(activator: int, packages: "Any" = None) -> None:
+    """Activation began on thread ``activator``: put the observer (also where the start-up hook
+    did not run) in guarding mode, for every module outside the standard library until the
+    catalogue is known (``packages`` is ``None``), then for the watched packages plus
+    ``packages`` (the other target packages)."""
+    try:
+        if startup.installed_observer() is None:
+            sys.meta_path.insert(0, startup)
+        startup.activator = activator
+        startup.gated = None if packages is None else startup.WATCHED | frozenset(packages)
+        startup.find_spec = guarding
+    except Exception:
+        pass
+
+
+def guarded() -> bool:
+    """The observer is guarding (an activation is under way)."""
+    return startup.find_spec is not startup.observe
+
+
+def begin_guard(trigger: str) -> None:
+    """A watched package starts loading in this thread: guard imports from now on (unless an
+    activation already does), until the engine takes over."""
+    if startup.installed_observer() is not None and not guarded():
+        startup.trigger = trigger
+        guard(_thread.get_ident())
+
+
+def stop_observing() -> None:
+    """Activation is over (or decided against): nothing is left to observe."""
+    startup.uninstall_observer()

@@ -1,0 +1,93 @@
+"""The package's layout: the start-up module is stdlib only and light, every import points down
+(no package module imports the package root), and the public face is marked."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import verl_npu_autopatch
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = SRC / "verl_npu_autopatch"
+STARTUP = PACKAGE / "_startup.py"
+
+
+def imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """``(module, names)`` of every import statement in ``path`` (``names`` empty for ``import x``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, ()) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.module, tuple(alias.name for alias in node.names)))
+    return found
+
+
+def test_no_package_module_imports_the_package_root() -> None:
+    submodules = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for module, names in imports(path):
+            if module == "verl_npu_autopatch" and (not names or set(names) - submodules):
+                offenders.append(f"{path.relative_to(SRC)}: from verl_npu_autopatch import {', '.join(names) or '*'}")
+    assert offenders == []
+    face = [m for m, _ in imports(PACKAGE / "__init__.py") if m != "__future__"]
+    assert face == ["importlib"]  # the face imports lazily
+
+
+def test_the_startup_module_imports_only_what_python_c_pass_has_loaded() -> None:
+    loaded = set(
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-I", "-c", "import sys, json; print(json.dumps(sorted(sys.modules)))"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
+    )
+    tops = {module.partition(".")[0] for module, _ in imports(STARTUP)}
+    package_imports = {m for m in tops if m == "verl_npu_autopatch"}  # inside the loader, at the first watched import
+    assert tops - package_imports <= loaded
+    assert tops - package_imports == {"os", "sys"}
+
+
+def test_the_startup_module_defines_no_class_at_import() -> None:
+    tree = ast.parse(STARTUP.read_text(encoding="utf-8"))
+    assert not [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    assert not [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+
+
+def test_the_public_face_resolves_every_name_it_lists() -> None:
+    from verl_npu_autopatch import engine, patching, spec
+
+    assert verl_npu_autopatch.activate is engine.activate
+    assert verl_npu_autopatch.PatchError is engine.PatchError
+    assert verl_npu_autopatch.Patch is spec.Patch and verl_npu_autopatch.APPLY is spec.APPLY
+    assert verl_npu_autopatch.patching is patching
+    for name in verl_npu_autopatch.__all__:
+        assert getattr(verl_npu_autopatch, name) is not None
+    assert set(verl_npu_autopatch.__all__) <= set(dir(verl_npu_autopatch))
+    private = {p.stem for p in PACKAGE.glob("_*.py")} - {"__init__", "__main__"}
+    assert {"_activation", "_config", "_environment", "_gates", "_startup"} <= private
+
+
+def test_one_device_decision_and_one_on_off_parser() -> None:
+    from verl_npu_autopatch import _activation, _config, _environment
+    from verl_npu_autopatch import _startup as startup
+
+    config = _config.read_config({"VERL_NPU_AUTOPATCH_DEVICE": "none"})
+    assert _environment.device_decision(config) == ("none", "VERL_NPU_AUTOPATCH_DEVICE=none")
+    off = _config.read_config({"VERL_NPU_AUTOPATCH": " Disabled "})
+    assert (off.enabled, off.warnings) == (False, ())
+    assert _environment.device_decision(off)[1] == "switched off by VERL_NPU_AUTOPATCH"
+    assert (startup.flag(" OFF "), startup.flag("Yes"), startup.flag("maybe")) == (False, True, None)
+    from verl_npu_autopatch import _gates
+
+    assert _activation.device_decision is _environment.device_decision  # the inert decision is the same one
+    assert not hasattr(_gates, "device_decision") and not hasattr(_config, "FALSE")
+    assert _config.flag is _config.startup.flag
