@@ -91,3 +91,56 @@ def test_one_device_decision_and_one_on_off_parser() -> None:
     assert _activation.device_decision is _environment.device_decision  # the inert decision is the same one
     assert not hasattr(_gates, "device_decision") and not hasattr(_config, "FALSE")
     assert _config.flag is _config.startup.flag
+
+
+def _map_rows() -> list[set[str]]:
+    """The modules of each row of docs/index.md's "Where things live" table, top row first."""
+    text = (SRC.parent / "docs" / "index.md").read_text(encoding="utf-8")
+    table = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
+    rows: list[set[str]] = []
+    for line in table.splitlines():
+        if not line.startswith("| ") or line.startswith("| layer"):
+            continue
+        layer, modules = line.split("|")[1:3]
+        names = {token.rpartition("/")[2].removesuffix(".py") for token in modules.split("`")[1::2]}
+        if layer.strip():
+            rows.append(set())
+        rows[-1] |= {name for name in names if name.isidentifier()}
+    return rows
+
+
+def _package_imports(path: Path) -> set[str]:
+    """The package's own submodules ``path`` imports, TYPE_CHECKING blocks left out."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+        for n in ast.walk(node)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped or not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        if node.module == "verl_npu_autopatch":
+            found |= {alias.name for alias in node.names}
+        elif node.module.startswith("verl_npu_autopatch."):
+            found.add(node.module.split(".")[1])
+    return found
+
+
+def test_the_where_things_live_map_names_every_module_and_imports_point_down_it() -> None:
+    rows = _map_rows()
+    listed = set().union(*rows)
+    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__", "_version"}
+    assert modules - listed == set(), "docs/index.md 'Where things live' misses modules"
+    row_of = {name: i for i, row in enumerate(rows) for name in row}
+    # the wake-up chain, lazily at the first watched import: start-up -> activation -> engine
+    wake_up = {("_startup", "_activation"), ("_activation", "engine")}
+    upward = [
+        f"{module} -> {imported}"
+        for module in sorted(modules)
+        for imported in sorted(_package_imports(PACKAGE / f"{module}.py") & set(row_of))
+        if row_of[imported] < row_of[module] and (module, imported) not in wake_up
+    ]
+    assert upward == []
