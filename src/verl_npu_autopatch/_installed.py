@@ -43,7 +43,7 @@ class Installed:
             if self._watcher is None:
                 self._watcher = ownership.ReloadWatcher(self._watches, self._on_reload)
             watcher = self._watcher
-        watcher.install()
+        watcher.put_first()
 
     def verify(self) -> None:
         """Re-check every applied (or displaced) patch against the live attribute and move its

@@ -306,14 +306,7 @@ class ReloadWatcher:
                 return spec
         return None
 
-    def install(self) -> None:
+    def put_first(self) -> None:
         """Put the watcher first on ``sys.meta_path`` (once)."""
         if self not in sys.meta_path:
             sys.meta_path.insert(0, self)
-
-    def remove(self) -> None:
-        """Take the watcher off ``sys.meta_path``."""
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass

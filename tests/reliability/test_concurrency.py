@@ -6,6 +6,11 @@ with ``import`` and with ``from ... import`` bindings, and half of them also cal
 first, while the plugin's load (inside activation) sleeps to hold the activation window open.
 Every call made through any binding must be patched, every fix must have run exactly once, and the
 records must say ``applied``. 50 fresh processes per Python version, run as one batch.
+
+One error is CPython's, not ours, and is retried: importing ``vllm.model`` can raise
+``KeyError('vllm')`` when another thread is just finishing ``vllm`` (importlib checks that
+``sys.modules`` holds the parent, then reads it, while the loading thread pops and re-inserts it;
+seen once in about a thousand children on 3.12, fixed upstream by gh-130094).
 """
 
 from __future__ import annotations
@@ -28,30 +33,42 @@ def activation_began():
     return observer is None or observer.find_spec is not observer.observe
 
 barrier = threading.Barrier(THREADS)
-calls, errors = [], []
+calls, errors, cpython_races = [], [], []
+
+def imported(kind):  # the call made through a binding of this kind's import
+    if kind == 0:
+        from vllm.model import Layer  # a binding made while activation may be running
+        return ("forward", Layer().forward(1))
+    if kind == 1:
+        # "as": CPython sets the parent's attribute only after the submodule is marked
+        # initialized, so "vllm.model" can be missing on vllm for a moment in any program
+        import vllm.model as model
+        return ("forward", model.Layer().forward(1))
+    if kind == 2:
+        from vllm import Engine
+        return ("run", Engine().run())
+    while not activation_began():
+        time.sleep(0.0005)
+    from autopatch_target import Thing  # a target outside the watched packages
+    return ("hello", Thing().hello())
 
 def work(i):
     try:
         barrier.wait()
         if (i // 4) % 2:  # half of each kind calls activate() first
             verl_npu_autopatch.activate()
-        kind = i % 4
-        if kind == 0:
-            from vllm.model import Layer  # a binding made while activation may be running
-            calls.append(("forward", Layer().forward(1)))
-        elif kind == 1:
-            # "as": CPython sets the parent's attribute only after the submodule is marked
-            # initialized, so "vllm.model" can be missing on vllm for a moment in any program
-            import vllm.model as model
-            calls.append(("forward", model.Layer().forward(1)))
-        elif kind == 2:
-            from vllm import Engine
-            calls.append(("run", Engine().run()))
-        else:
-            while not activation_began():
-                time.sleep(0.0005)
-            from autopatch_target import Thing  # a target outside the watched packages
-            calls.append(("hello", Thing().hello()))
+        for attempt in range(3):
+            try:
+                calls.append(imported(i % 4))
+                break
+            except KeyError as exc:
+                # CPython's own race, with or without this package: importing "vllm.model" reads
+                # sys.modules["vllm"] after checking it is there, while the thread that loaded vllm
+                # pops and re-inserts it (importlib._bootstrap, before the gh-130094 fix). Retried
+                # and counted; any other error fails the test.
+                if exc.args != ("vllm",) or attempt == 2:
+                    raise
+                cpython_races.append(i)
     except BaseException as exc:
         errors.append(repr(exc))
 
@@ -60,8 +77,8 @@ threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
 [t.join() for t in threads]
 import autopatch_test_plugin, verl_npu_autopatch
 r = verl_npu_autopatch.report()
-print(json.dumps({"calls": calls, "errors": errors, "fixes": autopatch_test_plugin.CALLS,
-                  "states": r.states(), "status": r.status}))
+print(json.dumps({"calls": calls, "errors": errors, "cpython_races": cpython_races,
+                  "fixes": autopatch_test_plugin.CALLS, "states": r.states(), "status": r.status}))
 """.replace("THREADS", str(THREADS))
 
 PATCHED = {"forward": 12, "run": "patched:upstream", "hello": "patched:upstream"}
@@ -87,6 +104,8 @@ def test_no_import_completes_unpatched_under_racing_threads(any_python: Path) ->
     unpatched = [(kind, value) for s in seen for kind, value in s["calls"] if PATCHED[kind] != value]
     assert unpatched == []
     assert [s["errors"] for s in seen if s["errors"]] == []
+    # CPython's sys.modules["vllm"] race (retried in the child) can only hit a "vllm.model" import
+    assert {i % 4 for s in seen for i in s["cpython_races"]} <= {0, 1}
     assert all(len(s["calls"]) == THREADS for s in seen)
     for s in seen:  # exactly once, and the records tell the truth
         assert s["status"] == "active"
