@@ -3,7 +3,8 @@ the ``verl_npu_autopatch.pth`` file's content swapped between variants, paired a
 
     python3 bench/pth_content.py --python .envs/base-3.11-*/bin/python [--rounds 120]
 
-The file is restored afterwards. Variants: none; ``import os`` (an import line that loads
+The file is restored afterwards. Variants: none; a comment only (the cost of site reading one
+``.pth`` file); ``import os`` (an import line that loads
 nothing new); the shipped guard around ``import os`` only; a bare import of the start-up
 module; the shipped line; and a guard that reads ``site.addpackage``'s local ``sitedir`` (not shipped: it
 relies on a CPython implementation detail).
@@ -22,6 +23,7 @@ SITE_MAIN = "import os, time; import site; t = time.perf_counter(); site.main();
 SHIPPED = (ROOT / "verl_npu_autopatch.pth").read_text()
 VARIANTS = {
     "no .pth": None,
+    "comment only": "# a .pth file with nothing to run\n",
     "import os": "import os\n",
     "guard around import os": SHIPPED.replace("import _verl_npu_autopatch_startup as s", "import os as s").replace(
         "s.install_observer()", "pass"
