@@ -58,7 +58,7 @@ def _apply_functions(module: Any) -> dict[str, Callable]:
     return found
 
 
-def check(site: Site) -> Verdict:
+def _check(site: Site) -> Verdict:
     """Liger's monkey_patch must have the dispatch table, the instance entry point taking
     ``model`` first, and apply functions for at least one of our families."""
     module = site.module
@@ -197,7 +197,7 @@ def _wrap_dispatcher(original: Callable) -> Callable:
     return dispatch
 
 
-def fix(site: Site) -> Undo:
+def _fix(site: Site) -> Undo:
     """Wrap the apply functions (attributes and dispatch-table entries) and the dispatchers."""
     module, name = site.module, site.patch.name
     engine: HandOver = site.engine
@@ -240,7 +240,7 @@ PATCHES: list[Patch] = [
         requires=("liger-kernel",),
         device="npu-device",
         default=True,
-        check=check,
-        fix=fix,
+        check=_check,
+        fix=_fix,
     )
 ]

@@ -442,7 +442,7 @@ def probe(kind: str, site: Site) -> dict[str, Any]:
     return kernel.probe(site, names)
 
 
-def check(kind: str, site: Site) -> Verdict:
+def _check(kind: str, site: Site) -> Verdict:
     """Apply when the live target has the probed shape, else ``unsupported`` (expected vs found)."""
     try:
         probe(kind, site)
@@ -452,7 +452,7 @@ def check(kind: str, site: Site) -> Verdict:
     return APPLY
 
 
-def fix(kind: str, site: Site) -> Undo:
+def _fix(kind: str, site: Site) -> Undo:
     """Install the kernel chosen by :func:`probe` on the live target."""
     return KERNELS[kind].build(site, probe(kind, site))
 
@@ -470,8 +470,8 @@ def family_patches(family: str, module: str | None = None) -> list[Patch]:
             requires=("transformers",),
             device="npu-device",
             default=True,
-            check=partial(check, kind),
-            fix=partial(fix, kind),
+            check=partial(_check, kind),
+            fix=partial(_fix, kind),
             yields_to=(liger_owner, verl_owner, shared_owner),
             via=tuple(Target(module, qualname) for qualname in enclosing(family, kind)),
         )
