@@ -248,11 +248,14 @@ print("@@VNPA@@" + json.dumps({
 
 
 def tree_with_bare_inits(root: Path, tmp: Path) -> Path:
-    """The extracted verl files plus empty package ``__init__`` files (the bare packages), so a
-    child imports ``verl`` through the import system."""
+    """The verl files this test reads (only those: the shared extraction tree may hold more, e.g.
+    the real ``verl/__init__.py`` tests/verl extracts) plus empty package ``__init__`` files (the
+    bare packages), so a child imports ``verl`` through the import system."""
     import shutil
 
-    shutil.copytree(root / "verl", tmp / "verl")
+    for name in verl_upstream.FILES:
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / name, tmp / name)
     for folder in verl_upstream.BARE.values():
         (tmp / folder / "__init__.py").touch()
     return tmp
