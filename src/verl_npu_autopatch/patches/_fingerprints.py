@@ -9,7 +9,7 @@ executed. Both therefore run the one implementation of each rule. Standard libra
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,3 +194,8 @@ class UpstreamTree:
     def code(self, module: str, qualname: str) -> Code | None:
         source = self.module(module)
         return None if source is None else source.code(qualname)
+
+    def judge(self, module: str, qualname: str, rule: Callable[[Code], Verdict]) -> Verdict:
+        """``rule`` on ``module:qualname``'s code, or ``unsupported`` when the release lacks it."""
+        code = self.code(module, qualname)
+        return unsupported(f"{module}:{qualname}", f"{module} without it") if code is None else rule(code)

@@ -71,10 +71,7 @@ def _fix(site: Site) -> Undo:
 
 
 def _static(tree: UpstreamTree) -> Verdict:
-    code = tree.code(CAMEM, "CaMemAllocator.sleep")
-    if code is None:
-        return unsupported(f"{CAMEM}:CaMemAllocator.sleep", f"{CAMEM} without it")
-    return camem_rule(code)
+    return tree.judge(CAMEM, "CaMemAllocator.sleep", camem_rule)
 
 
 PATCHES = [

@@ -79,10 +79,7 @@ def _fix(site: Site) -> Undo:
 
 def _static(tree: UpstreamTree) -> Verdict:
     """``postprocess_rule`` on a release's source (``scripts/compat-matrix``)."""
-    code = tree.code(GPT, "GPTModel._postprocess")
-    if code is None:
-        return unsupported(f"{GPT}:GPTModel._postprocess", f"{GPT} without it")
-    return postprocess_rule(code)
+    return tree.judge(GPT, "GPTModel._postprocess", postprocess_rule)
 
 
 PATCHES = [

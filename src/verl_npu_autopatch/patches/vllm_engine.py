@@ -171,13 +171,11 @@ def _fix(site: Site) -> Undo:
 
 
 def _static(tree: UpstreamTree) -> Verdict:
-    module = tree.module(CORE)
-    wake_up = module.code("EngineCore.wake_up") if module else None
-    if wake_up is None:
-        return unsupported(f"{CORE}:EngineCore.wake_up", f"{CORE} without it")
-    return partial_wake_up_rule(
-        wake_up, module.code("DPEngineCoreProc.execute_dummy_batch"), module.code("DPEngineCoreProc.run_busy_loop")
-    )
+    def rule(wake_up: Code) -> Verdict:
+        dummy_batch = tree.code(CORE, "DPEngineCoreProc.execute_dummy_batch")
+        return partial_wake_up_rule(wake_up, dummy_batch, tree.code(CORE, "DPEngineCoreProc.run_busy_loop"))
+
+    return tree.judge(CORE, "EngineCore.wake_up", rule)
 
 
 PATCHES = [
