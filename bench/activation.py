@@ -10,8 +10,10 @@ Fresh processes, interleaved rounds:
    the engine modules included: that is what the first watched import pays); and, for scale, the
    same with the engine module already imported (the decision alone).
 2. Paired: ``import vllm`` of the test fixture package (``tests/fixtures/site``, a two-line module,
-   NOT the real vLLM) with the package on (default) vs ``VERL_NPU_AUTOPATCH=0``: the whole cost a
-   process pays when the observer sees a watched import on a non-NPU host.
+   NOT the real vLLM) with the package on (default), with ``VERL_NPU_AUTOPATCH=0``, and with the
+   ``.pth`` line's placeholder taken off ``sys.meta_path`` first (as if the package were not
+   installed, the baseline): the whole cost a process pays when the placeholder sees a watched
+   import on a non-NPU host.
 
 Each child also reports whether wrapt or importlib.metadata got imported (they must not be).
 """
@@ -47,6 +49,8 @@ print(json.dumps([dt, engine.report().status, "wrapt" in sys.modules, "importlib
 
 IMPORT_VLLM = """
 import sys, time, json
+if UNHOOK:
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "verl_npu_autopatch_placeholder", False)]
 t = time.perf_counter()
 import vllm
 dt = time.perf_counter() - t
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         seen.setdefault(name, set()).add(f"engine {status}, wrapt imported: {wrapt}, metadata imported: {metadata}")
         return elapsed
 
-    for code in (ACTIVATE, IMPORT_VLLM):  # warm the page cache
+    hooked, unhooked = IMPORT_VLLM.replace("UNHOOK", "False"), IMPORT_VLLM.replace("UNHOOK", "True")
+    for code in (ACTIVATE, hooked):  # warm the page cache
         child("warm", code)
     activation = interleave(
         {
@@ -80,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     imports = interleave(
         {
-            "import vllm (fixture), package on": functools.partial(child, "on", IMPORT_VLLM),
+            "import vllm (fixture), package on": functools.partial(child, "on", hooked),
             "import vllm (fixture), VERL_NPU_AUTOPATCH=0": functools.partial(
-                child, "off", IMPORT_VLLM, VERL_NPU_AUTOPATCH="0"
+                child, "off", hooked, VERL_NPU_AUTOPATCH="0"
             ),
+            "import vllm (fixture), placeholder removed": functools.partial(child, "unhooked", unhooked),
         },
         args.rounds,
     )
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "in-process activation, fresh processes (ms)": summary(activation, "activate() alone", "ms", 1e3),
             "`import vllm` of the fixture package (ms)": summary(
-                imports, "import vllm (fixture), VERL_NPU_AUTOPATCH=0", "ms", 1e3
+                imports, "import vllm (fixture), placeholder removed", "ms", 1e3
             ),
         },
         {"python": args.python, "rounds": args.rounds, "children saw": {k: sorted(v) for k, v in seen.items()}},

@@ -1,18 +1,19 @@
-"""Per-import cost of the start-up observer for unrelated imports.
+"""Per-import cost of the start-up hook for unrelated imports.
 
-Run it with the python of a venv where verl-npu-autopatch is installed (its ``.pth`` installs the
-observer at start-up):
+Run it with the python of a venv where verl-npu-autopatch is installed (its ``.pth`` line puts the
+placeholder on ``sys.meta_path`` at start-up; the observer takes its place at the first watched
+import):
 
     .envs/base-3.11-*/bin/python bench/finder.py [--modules 2000] [--rounds 60]
 
 1. Paired: import N fresh tiny modules (byte-compiled, in a temporary directory on ``sys.path``)
-   with the observer at the front of ``sys.meta_path`` vs with it removed, in interleaved rounds;
-   the per-import difference is (median A - median B) / N.
-   A third variant puts a do-nothing finder there instead: what any extra meta-path entry costs
+   with the placeholder, or the observer, at the front of ``sys.meta_path`` vs with nothing there,
+   in interleaved rounds; the per-import difference is (median A - median B) / N.
+   A fourth variant puts a do-nothing finder there instead: what any extra meta-path entry costs
    (the import system takes its lock around each finder look-up).
-2. Direct: the observer's ``find_spec`` miss (an unrelated name), timed in a tight loop, next to a
-   no-op method with the same signature (the loop and call overhead), so the net cost is the
-   difference.
+2. Direct: the placeholder's and the observer's ``find_spec`` miss (an unrelated name), timed in a
+   tight loop, next to a no-op method with the same signature (the loop and call overhead), so
+   the net cost is the difference.
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _bench import interleave, median, report, summary
 
 
-def observer():
-    """The observer the ``.pth`` installed in this interpreter."""
-    import _verl_npu_autopatch_startup as _startup
+def hooks() -> tuple[object, object]:
+    """The placeholder the ``.pth`` line put on ``sys.meta_path``, taken off, and the observer
+    (the start-up module, loaded here, not installed)."""
+    found = [f for f in sys.meta_path if getattr(f, "verl_npu_autopatch_placeholder", False)]
+    if not found:
+        raise SystemExit("no placeholder on sys.meta_path: run this with the python of a venv that has the package")
+    sys.meta_path[:] = [f for f in sys.meta_path if f not in found]
+    from verl_npu_autopatch._config import startup
 
-    found = _startup.installed_observer()
-    if found is None:
-        raise SystemExit("no observer on sys.meta_path: run this with the python of a venv that has the package")
-    return found
+    return found[0], startup
 
 
 class NoOp:
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    finder = observer()
+    placeholder, observer = hooks()
     where = Path(tempfile.mkdtemp(prefix="vna-bench-finder-"))
     names = [f"vna_bench_mod_{i:05d}" for i in range(args.modules)]
     try:
@@ -65,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
         importlib.invalidate_caches()
 
         noop = NoOp()
-        finder.remove()
 
         def import_all(front: object | None) -> float:
             for name in names:
@@ -80,22 +82,26 @@ def main(argv: list[str] | None = None) -> int:
                 sys.meta_path.remove(front)
             return elapsed / len(names)
 
-        import_all(finder)  # warm: directory listing cached, pyc files in the page cache
+        import_all(placeholder)  # warm: directory listing cached, pyc files in the page cache
         samples = interleave(
             {
-                "observer installed": lambda: import_all(finder),
+                "placeholder installed": lambda: import_all(placeholder),
+                "observer installed": lambda: import_all(observer),
                 "no-op finder installed": lambda: import_all(noop),
-                "no observer": lambda: import_all(None),
+                "nothing installed": lambda: import_all(None),
             },
             args.rounds,
         )
-        sys.meta_path.insert(0, finder)
 
         loops = 1_000_000
         direct = interleave(
             {
-                "observer.find_spec miss": lambda: (
-                    timeit.timeit("find('vna_unrelated_name')", globals={"find": finder.find_spec}, number=loops)
+                "placeholder find_spec miss": lambda: (
+                    timeit.timeit("find('vna_unrelated_name')", globals={"find": placeholder.find_spec}, number=loops)
+                    / loops
+                ),
+                "observer find_spec miss": lambda: (
+                    timeit.timeit("find('vna_unrelated_name')", globals={"find": observer.find_spec}, number=loops)
                     / loops
                 ),
                 "no-op find_spec (loop + call)": lambda: (
@@ -104,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
             },
             max(5, args.rounds // 6),
         )
-        net = median(direct["observer.find_spec miss"]) - median(direct["no-op find_spec (loop + call)"])
-        per_import = median(samples["observer installed"]) - median(samples["no observer"])
+        net = median(direct["placeholder find_spec miss"]) - median(direct["no-op find_spec (loop + call)"])
+        per_import = median(samples["placeholder installed"]) - median(samples["nothing installed"])
         report(
-            "Observer cost per unrelated import",
+            "Start-up hook cost per unrelated import",
             {
                 f"importing {args.modules} fresh tiny modules, per import (µs)": summary(
-                    samples, "no observer", "us", 1e6
+                    samples, "nothing installed", "us", 1e6
                 ),
                 "find_spec miss, per call (µs)": summary(direct, "no-op find_spec (loop + call)", "us", 1e6),
             },

@@ -4,10 +4,10 @@ the ``verl_npu_autopatch.pth`` file's content swapped between variants, paired a
     python3 bench/pth_content.py --python .envs/base-3.11-*/bin/python [--rounds 120]
 
 The file is restored afterwards. Variants: none; a comment only (the cost of site reading one
-``.pth`` file); ``import os`` (an import line that loads
-nothing new); the shipped guard around ``import os`` only; a bare import of the start-up
-module; the shipped line; and a guard that reads ``site.addpackage``'s local ``sitedir`` (not shipped: it
-relies on a CPython implementation detail).
+``.pth`` file); ``import os`` (an import line that loads nothing new); a line that puts a
+do-nothing lambda finder on ``sys.meta_path`` (the floor of any line that installs a finder); a
+bare import of the start-up module; the line shipped before, which imported it behind a guard;
+and the shipped line, which puts the placeholder there and imports nothing.
 """
 
 from __future__ import annotations
@@ -21,21 +21,24 @@ from _bench import ROOT, clean_env, interleave, report, run, summary
 
 SITE_MAIN = "import os, time; import site; t = time.perf_counter(); site.main(); print(time.perf_counter() - t)"
 SHIPPED = (ROOT / "verl_npu_autopatch.pth").read_text()
+#: The line shipped before the placeholder (0.1.0 after the start-up split): it imported the
+#: start-up module at every interpreter start, inside a guard for a stale ``.pth``.
+IMPORTING_LINE = (
+    "import sys; '_verl_npu_autopatch_startup' in sys.modules or exec('try:\\n import _verl_npu_autopatch_startup"
+    " as s\\nexcept Exception:\\n pass\\nelse:\\n s.install_observer()')\n"
+)
 VARIANTS = {
     "no .pth": None,
     "comment only": "# a .pth file with nothing to run\n",
     "import os": "import os\n",
-    "guard around import os": SHIPPED.replace("import _verl_npu_autopatch_startup as s", "import os as s").replace(
-        "s.install_observer()", "pass"
+    "a do-nothing lambda finder": (
+        "import sys; sys.meta_path.insert(0, type(sys.implementation)(find_spec=lambda *a: None))\n"
     ),
     "bare import of the start-up module": (
         "import _verl_npu_autopatch_startup; _verl_npu_autopatch_startup.install_observer()\n"
     ),
-    "shipped line": SHIPPED,
-    "sitedir guard (not shipped)": (
-        "import os; 'sitedir' in dir() and not os.path.isfile(os.path.join(sitedir, '_verl_npu_autopatch_startup.py'))"
-        " or __import__('_verl_npu_autopatch_startup').install_observer()\n"
-    ),
+    "the importing line (before)": IMPORTING_LINE,
+    "shipped line (the placeholder)": SHIPPED,
 }
 
 

@@ -12,7 +12,6 @@ activation is over (see docs/index.md, "Activation and threads").
 
 import _thread
 import os
-import sys
 
 from verl_npu_autopatch._config import read_config, startup
 from verl_npu_autopatch._environment import device_decision
@@ -95,7 +94,7 @@ def guarding(fullname: str, path: "Any" = None, target: "Any" = None) -> "Module
         return startup.observe(fullname, path, target)
     top = fullname.partition(".")[0]
     gated = startup.gated
-    held = top in gated if gated is not None else top not in ("verl_npu_autopatch", "_verl_npu_autopatch_startup")
+    held = top in gated if gated is not None else top not in ("verl_npu_autopatch", startup.NAME)
     if held and _thread.get_ident() != startup.activator:
         spec = startup.real_spec(fullname, path, target)
         if spec is not None and (gated is not None or not _standard_library(spec)):
@@ -119,8 +118,7 @@ def guard(activator: int, packages: "Any" = None) -> None:
     catalogue is known (``packages`` is ``None``), then for the watched packages plus
     ``packages`` (the other target packages)."""
     try:
-        if startup.installed_observer() is None:
-            sys.meta_path.insert(0, startup)
+        startup.put_first()
         startup.activator = activator
         startup.gated = None if packages is None else startup.WATCHED | frozenset(packages)
         startup.find_spec = guarding

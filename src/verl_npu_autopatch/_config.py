@@ -8,11 +8,36 @@ collected as warning texts; the engine logs each once.
 import os
 import sys
 
-#: The start-up module in use: the one the ``.pth`` line imported, else the package's own copy
-#: (the package shipped alone, or ``python -S``). Its ``flag`` is the one on/off parser.
-startup = sys.modules.get("_verl_npu_autopatch_startup")
-if startup is None:
-    from verl_npu_autopatch import _startup as startup
+
+def _startup_module():
+    """The start-up module in use, one object for every caller: ``_verl_npu_autopatch_startup``
+    (the wheel's root module) if it is loaded or importable, else the package's own copy (the
+    package shipped alone, or ``python -S``), registered under that name.
+
+    The root module is imported holding the global import lock, as the start-up placeholder does
+    from ``find_spec``: so its module lock is only ever taken by a thread holding that lock, and
+    the two can neither deadlock nor load it twice."""
+    name = "_verl_npu_autopatch_startup"
+    found = sys.modules.get(name)
+    if found is None:
+        import _imp
+
+        _imp.acquire_lock()
+        try:
+            found = sys.modules.get(name) or __import__(name)
+        except Exception:
+            found = None
+        finally:
+            _imp.release_lock()
+    if found is None:
+        from verl_npu_autopatch import _startup
+
+        found = sys.modules.setdefault(name, _startup)
+    return found
+
+
+#: The start-up module in use. Its ``flag`` is the one on/off parser.
+startup = _startup_module()
 flag = startup.flag
 
 TYPE_CHECKING = False

@@ -1,15 +1,20 @@
-"""verl-npu-autopatch's start-up hook: the one module every interpreter imports.
+"""verl-npu-autopatch's start-up hook: the observer on ``sys.meta_path``.
 
-The wheel ships this file twice: at its root as ``_verl_npu_autopatch_startup`` (what the ``.pth``
-line imports, so start-up imports one module and not the package) and here, for the package shipped
-alone (Ray ``py_modules``, ``PYTHONPATH``), where ``activate()`` still needs a guarding observer.
+At interpreter start nothing is imported: the ``verl_npu_autopatch.pth`` line puts a
+*placeholder* on ``sys.meta_path``, an object whose ``find_spec`` is a lambda compiled from that
+line. It ignores every name outside :data:`WATCHED`; for the first watched one it imports this
+module (as ``_verl_npu_autopatch_startup``, shipped at the wheel root) and calls
+:func:`take_over`, which puts this module in the placeholder's place. A failed import (a stale
+``.pth``, the module deleted) empties the placeholder's watched set, and the import goes on as if
+we were not installed. The PEP 829 ``verl_npu_autopatch.start`` file (Python 3.15+) calls
+:func:`install_observer` instead, and the package shipped alone (Ray ``py_modules``,
+``PYTHONPATH``) uses its own copy, ``verl_npu_autopatch._startup``, through
+``verl_npu_autopatch._config.startup``: one module object, registered as
+``sys.modules["_verl_npu_autopatch_startup"]``, whoever loads it first.
 
-``verl_npu_autopatch.pth`` (and the PEP 829 ``verl_npu_autopatch.start``) call
-:func:`install_observer` at start-up. So this module holds only what must run then, uses only what
-``python -c pass`` has already loaded (``os``, ``sys``), defines no class and imports nothing at
-module level: it never raises, prints or writes. It is its own observer: the module object itself
-sits on ``sys.meta_path`` (a module-level :func:`find_spec` is a finder, and putting the module
-there costs no class and no instance).
+This module uses only what ``python -c pass`` has already loaded (``os``, ``sys``), defines no
+class at import and never raises, prints or writes. It is its own observer: the module object
+itself sits on ``sys.meta_path`` (a module-level :func:`find_spec` is a finder).
 
 Its ``find_spec`` ignores every import except the first import of a watched top-level package.
 For that one it hands back the real spec with an *activating loader*; what that loader does (the
@@ -30,6 +35,14 @@ WATCHED = frozenset(
 #: The on/off words of every boolean variable (any case, surrounding spaces ignored).
 TRUE = frozenset({"1", "true", "yes", "on", "y", "t", "enable", "enabled"})
 FALSE = frozenset({"0", "false", "no", "off", "n", "f", "disable", "disabled", "none", "never"})
+
+#: The name this module is loaded under (by the placeholder, the ``.start`` file, or
+#: ``_config`` for the package's own copy): one observer per process.
+NAME = "_verl_npu_autopatch_startup"
+
+#: Marks the start-up line's placeholder on ``sys.meta_path`` (the line puts none when the first
+#: finder already is one: a venv reads its ``.pth`` files twice, cpython#75723).
+PLACEHOLDER = "verl_npu_autopatch_placeholder"
 
 #: Marks this module as the observer on ``sys.meta_path``.
 verl_npu_autopatch_observer = True
@@ -82,7 +95,7 @@ def real_spec(fullname, path, target):
     """The spec the other finders on ``sys.meta_path`` give ``fullname``."""
     for finder in list(sys.meta_path):
         find = getattr(finder, "find_spec", None)
-        if find is None or getattr(finder, "verl_npu_autopatch_observer", False):
+        if find is None or getattr(finder, "verl_npu_autopatch_observer", False) or _placeholder(finder):
             continue
         spec = find(fullname, path, target)
         if spec is not None:
@@ -157,24 +170,81 @@ def installed_observer():
     return None
 
 
+def hooked():
+    """The start-up hook is in place: the observer, or the placeholder waiting for a watched
+    import."""
+    return installed_observer() is not None or any(_placeholder(finder) for finder in sys.meta_path)
+
+
+def _placeholder(finder):
+    return getattr(finder, PLACEHOLDER, False) is True
+
+
+def drop_placeholders():
+    """Take the start-up line's placeholders off ``sys.meta_path``."""
+    if any(_placeholder(finder) for finder in sys.meta_path):
+        _replace_meta_path([finder for finder in sys.meta_path if not _placeholder(finder)])
+
+
+def _replace_meta_path(finders):
+    """A new ``sys.meta_path`` list instead of removing from the old one: an import running in
+    another thread iterates over the old list, and removing from it would make that import skip
+    the finder after the removed one (even the last, ``PathFinder``: "No module named ...")."""
+    sys.meta_path = finders
+
+
+def put_first():
+    """This module on ``sys.meta_path`` (once), in the place of the start-up line's placeholder
+    (replaced in place, so imports iterating over the list meanwhile see one finder or the
+    other), else at the front."""
+    if installed_observer() is None:
+        me = sys.modules[__name__]
+        for index, finder in enumerate(sys.meta_path):
+            if _placeholder(finder):
+                sys.meta_path[index] = me
+                break
+        else:
+            sys.meta_path.insert(0, me)
+    drop_placeholders()
+
+
+def take_over(fullname, path=None, target=None):
+    """``find_spec`` of the start-up line's placeholder for a watched name (the first watched
+    import of the process), called under the global import lock: this module takes the
+    placeholder's place and observes from now on (unless switched off, or a watched package was
+    imported before the placeholder was in place, e.g. a ``.pth`` processed again, when the
+    placeholder just leaves) and answers for ``fullname``."""
+    try:
+        if switched_off() or any(name in sys.modules for name in WATCHED):
+            drop_placeholders()
+        else:
+            put_first()
+    except Exception:
+        pass
+    return (find_spec if installed_observer() is not None else real_spec)(fullname, path, target)
+
+
 def uninstall_observer():
     """Leave ``sys.meta_path`` (activation is over, or decided against) and go back to observing."""
     global find_spec, gated, activator, trigger
     try:
-        sys.meta_path.remove(sys.modules[__name__])
-    except (ValueError, KeyError):
+        me = sys.modules[__name__]
+        if any(finder is me for finder in sys.meta_path):
+            _replace_meta_path([finder for finder in sys.meta_path if finder is not me])
+    except Exception:
         pass
     find_spec, gated, activator, trigger = observe, WATCHED, None, ""
 
 
 def install_observer():
-    """Put this module on ``sys.meta_path`` as the observer: the entry point of the ``.pth`` line
-    and the PEP 829 ``.start`` file. Idempotent, silent."""
+    """Put this module on ``sys.meta_path`` as the observer: the entry point of the PEP 829
+    ``.start`` file (Python 3.15+). Idempotent, silent."""
     try:
-        if switched_off() or installed_observer() is not None:
-            return
-        if any(name in sys.modules for name in WATCHED):
+        me = sys.modules.setdefault(NAME, sys.modules[__name__])
+        if me is not sys.modules[__name__]:
+            return me.install_observer()
+        if switched_off() or any(name in sys.modules for name in WATCHED):
             return  # too late to observe: ``activate()`` or the vLLM plugin takes over
-        sys.meta_path.insert(0, sys.modules[__name__])
+        put_first()
     except Exception:
         pass

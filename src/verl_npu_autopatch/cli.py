@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_npu_autopatch import _environment, _gates, _startup, catalog
-from verl_npu_autopatch._config import VARIABLES, read_config
+from verl_npu_autopatch import _environment, _gates, catalog
+from verl_npu_autopatch._config import VARIABLES, read_config, startup
 from verl_npu_autopatch._version import __version__
 from verl_npu_autopatch.doctor import DOCTOR_TIMEOUT_S, TIMED_OUT, doctor_exit_code, print_doctor, run_doctor
 from verl_npu_autopatch.records import table
@@ -94,7 +94,7 @@ def status_data() -> dict[str, Any]:
         "package": str(Path(__file__).parent),
         "python": sys.executable,
         "install_files": files,
-        "observer_installed": _startup.installed_observer() is not None,
+        "observer_installed": startup.hooked(),
         "site_disabled": bool(sys.flags.no_site),
         "configuration": config.to_dict(),
         "warnings": warnings,

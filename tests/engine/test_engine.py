@@ -71,7 +71,7 @@ print(json.dumps({{"parent": os.getpid(), **seen}}))
     assert seen["pid"] != seen["parent"]
     assert seen["states"]["fixture.forward"] == "applied"
     assert seen["forward"] == 12
-    assert seen["startup_loaded"] is True and seen["observer_at_start"] is True
+    assert seen["startup_loaded"] is False and seen["placeholder_at_start"] is True
 
 
 def test_subprocess_child_is_patched(base_python: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import zipfile
@@ -11,9 +10,17 @@ from pathlib import Path
 import pytest
 from support.children import run, run_json
 
-OBSERVERS = (
-    "import sys, json; print(json.dumps([getattr(f, '__name__', type(f).__name__) for f in sys.meta_path "
-    "if getattr(f, 'verl_npu_autopatch_observer', False)]))"
+#: The start-up hooks on ``sys.meta_path``: "placeholder" for the ``.pth`` line's placeholder, the
+#: observer's module name for the observer.
+HOOKS = (
+    "[getattr(f, '__name__', 'placeholder') for f in sys.meta_path "
+    "if getattr(f, 'verl_npu_autopatch_observer', False) or getattr(f, 'verl_npu_autopatch_placeholder', False)]"
+)
+#: What the hooks are at start-up, and then after the first watched name is looked up (without
+#: loading it), with the start-up module loaded or not.
+STAGES = (
+    "import importlib.util, json, sys; start = " + HOOKS + "; loaded = '_verl_npu_autopatch_startup' in sys.modules; "
+    "importlib.util.find_spec('vllm'); print(json.dumps([start, loaded, " + HOOKS + "]))"
 )
 #: The observer is the start-up module itself.
 OBSERVER = "_verl_npu_autopatch_startup"
@@ -37,9 +44,12 @@ def test_wheel_root_holds_both_startup_files(wheel: Path) -> None:
     assert "verl_npu_autopatch/py.typed" in names
 
 
-def test_observer_installed_exactly_once(any_python: Path) -> None:
-    # venvs process their .pth files twice (cpython#75723): still one observer
-    assert run_json(any_python, OBSERVERS, fixtures=False) == [OBSERVER]
+def test_placeholders_at_start_then_exactly_one_observer(any_python: Path) -> None:
+    start, loaded, after = run_json(any_python, STAGES, fixtures=False)
+    # venvs process their .pth files twice (cpython#75723): still one placeholder, nothing imported
+    assert start == ["placeholder"] and loaded is False
+    # the first watched name puts the observer in its place
+    assert after == [OBSERVER]
 
 
 def test_startup_imports_nothing_heavy(any_python: Path, tmp_path: Path) -> None:
@@ -49,12 +59,30 @@ def test_startup_imports_nothing_heavy(any_python: Path, tmp_path: Path) -> None
     without = set(run_json(bare / "bin" / "python", MODULES, fixtures=False))
     with_package = set(run_json(any_python, MODULES, fixtures=False))
     # site.py itself (3.13+) loads the utf-8-sig codec to read any .pth file
-    assert with_package - without - {"encodings.utf_8_sig"} == {"_verl_npu_autopatch_startup"}
+    assert with_package - without - {"encodings.utf_8_sig"} == set()  # the .pth line imports nothing
 
 
-def test_master_switch_installs_nothing(any_python: Path) -> None:
+def test_meta_path_changes_never_shift_an_import_in_another_thread(any_python: Path) -> None:
+    # an import iterates over the list it read: the observer replaces the placeholder in place,
+    # and leaves through a new list, so an iteration under way skips no finder
+    code = """
+import importlib.util, json, sys
+live = sys.meta_path
+before = list(live)
+importlib.util.find_spec("vllm")  # the first watched name: take_over
+startup = sys.modules["_verl_npu_autopatch_startup"]
+replaced = sys.meta_path is live and live[0] is startup and live[1:] == before[1:]
+startup.uninstall_observer()
+left = sys.meta_path is not live and live[0] is startup and sys.meta_path == before[1:]
+print(json.dumps([replaced, left]))
+"""
+    assert run_json(any_python, code, fixtures=False) == [True, True]
+
+
+def test_master_switch_leaves_nothing_at_the_first_watched_name(any_python: Path) -> None:
     for value in ("0", "false", "NO", " off "):
-        assert run_json(any_python, OBSERVERS, env={"VERL_NPU_AUTOPATCH": value}, fixtures=False) == []
+        start, _, after = run_json(any_python, STAGES, env={"VERL_NPU_AUTOPATCH": value}, fixtures=False)
+        assert start == ["placeholder"] and after == []
 
 
 def test_dash_capital_s_does_nothing(any_python: Path) -> None:
@@ -70,7 +98,7 @@ sys.path.append({str(purelib)!r})
 line = open({str(purelib / "verl_npu_autopatch.start")!r}, encoding="utf-8-sig").read().strip()
 entry = pkgutil.resolve_name(line)
 entry(); entry()
-print(json.dumps([f.__name__ for f in sys.meta_path if getattr(f, "verl_npu_autopatch_observer", False)]))
+print(json.dumps({HOOKS}))
 """
     assert run_json(any_python, code, args=("-S",), fixtures=False) == [OBSERVER]
 
@@ -103,18 +131,19 @@ def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) 
     subprocess.run([str(base), "-m", "venv", "--without-pip", str(env)], check=True)
     purelib = site_packages(env / "bin" / "python")
     (purelib / "verl_npu_autopatch.pth").write_text((Path(__file__).parents[2] / "verl_npu_autopatch.pth").read_text())
-    proc = run(env / "bin" / "python", "print('ok')", fixtures=False)
-    assert (proc.stdout, proc.stderr) == ("ok\n", "")
+    (purelib / "vllm").mkdir()
+    (purelib / "vllm" / "__init__.py").write_text("X = 1\n")
+    watched = "import importlib.util, vllm; importlib.util.find_spec('transformers'); print(vllm.X)"
+    proc = run(env / "bin" / "python", watched, fixtures=False)
+    assert (proc.stdout, proc.stderr) == ("1\n", "")
     # a broken install (start-up module present but unimportable) is just as silent
     (purelib / "_verl_npu_autopatch_startup.py").write_text("this is not python\n")
-    proc = run(env / "bin" / "python", "print('ok')", fixtures=False)
-    assert (proc.stdout, proc.stderr) == ("ok\n", "")
+    proc = run(env / "bin" / "python", watched, fixtures=False)
+    assert (proc.stdout, proc.stderr) == ("1\n", "")
     # and so is a start-up module whose package is missing, at the first watched import
     (purelib / "_verl_npu_autopatch_startup.py").write_text(
         (Path(__file__).parents[2] / "src" / "verl_npu_autopatch" / "_startup.py").read_text()
     )
-    (purelib / "vllm").mkdir()
-    (purelib / "vllm" / "__init__.py").write_text("X = 1\n")
     proc = run(env / "bin" / "python", "import vllm; print(vllm.X)", fixtures=False)
     assert (proc.stdout, proc.stderr) == ("1\n", "")
 
@@ -128,13 +157,13 @@ def test_source_install_and_uninstall(tmp_path: Path, base_python: Path, editabl
     python = env / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, *(["-e"] if editable else []), str(root)], check=True, capture_output=True)
-    assert run_json(python, OBSERVERS, fixtures=False) == [OBSERVER]
+    assert run_json(python, STAGES, fixtures=False)[2] == [OBSERVER]
     location = run(python, "import verl_npu_autopatch; print(verl_npu_autopatch.__file__)", fixtures=False).stdout
     assert location.startswith(str(root / "src")) is editable
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "verl-npu-autopatch"], check=True)
     purelib = site_packages(python)
     assert not [p.name for p in purelib.iterdir() if "verl_npu_autopatch" in p.name]
-    assert run_json(python, OBSERVERS, fixtures=False) == []
+    assert run_json(python, STAGES, fixtures=False) == [[], False, []]
 
 
 def test_wheel_install_with_uv_and_uninstall(tmp_path: Path, wheel: Path, base_python: Path) -> None:
@@ -143,7 +172,7 @@ def test_wheel_install_with_uv_and_uninstall(tmp_path: Path, wheel: Path, base_p
     subprocess.run([str(base_python), "-m", "venv", str(env)], check=True)
     python = env / "bin" / "python"
     subprocess.run([str(uv), "pip", "install", "-q", "--python", str(python), str(wheel)], check=True)
-    assert run_json(python, OBSERVERS, fixtures=False) == [OBSERVER]
+    assert run_json(python, STAGES, fixtures=False)[2] == [OBSERVER]
     subprocess.run([str(uv), "pip", "uninstall", "-q", "--python", str(python), "verl-npu-autopatch"], check=True)
     assert not [p.name for p in site_packages(python).iterdir() if "verl_npu_autopatch" in p.name]
-    assert json.loads(run(python, OBSERVERS, fixtures=False).stdout) == []
+    assert run_json(python, STAGES, fixtures=False) == [[], False, []]

@@ -14,6 +14,14 @@ import sys
 from typing import Any
 
 
+def _start_up_hook(finder: Any) -> bool:
+    """The ``.pth`` line's placeholder, or the observer that takes its place."""
+    return bool(
+        getattr(finder, "verl_npu_autopatch_observer", False)
+        or getattr(finder, "verl_npu_autopatch_placeholder", False)
+    )
+
+
 def startup() -> dict[str, Any]:
     """What this interpreter's start-up left behind, read without importing the package."""
     spec = importlib.util.find_spec("verl_npu_autopatch")
@@ -27,11 +35,7 @@ def startup() -> dict[str, Any]:
         "pid": os.getpid(),
         "executable": sys.executable,
         "prefix": sys.prefix,
-        "observers": [
-            getattr(f, "__name__", type(f).__name__)
-            for f in sys.meta_path
-            if getattr(f, "verl_npu_autopatch_observer", False)
-        ],
+        "hooks": [getattr(f, "__name__", "placeholder") for f in sys.meta_path if _start_up_hook(f)],
         "startup_loaded": "_verl_npu_autopatch_startup" in sys.modules,
         "package_file": package_file,
         "installed_from": (direct_url or {}).get("url"),

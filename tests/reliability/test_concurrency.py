@@ -26,10 +26,13 @@ THREADS = 16
 
 RACE = """
 import json, sys, threading, time
-import _verl_npu_autopatch_startup, verl_npu_autopatch
+import verl_npu_autopatch
+from verl_npu_autopatch._config import startup
 
 def activation_began():
-    observer = _verl_npu_autopatch_startup.installed_observer()  # guarding, or gone once activation is over
+    if any(getattr(f, "verl_npu_autopatch_placeholder", False) for f in sys.meta_path):
+        return False  # the .pth line's placeholders: no watched import yet
+    observer = startup.installed_observer()  # guarding, or gone once activation is over
     return observer is None or observer.find_spec is not observer.observe
 
 barrier = threading.Barrier(THREADS)

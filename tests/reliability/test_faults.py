@@ -279,11 +279,14 @@ def test_double_pth_run(base_python: Path) -> None:
     purelib = run(base_python, "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     code = (
         f"""
-import site, _verl_npu_autopatch_startup
+import site, sys
 exec(open({purelib + "/verl_npu_autopatch.pth"!r}).read())
-site.addsitedir({purelib!r}); _verl_npu_autopatch_startup.install_observer()
-observers = [f for f in __import__("sys").meta_path if getattr(f, "verl_npu_autopatch_observer", False)]
-assert len(observers) == 1, observers
+site.addsitedir({purelib!r})
+from verl_npu_autopatch._config import startup
+startup.install_observer(); startup.install_observer()
+hooks = [f for f in sys.meta_path if getattr(f, "verl_npu_autopatch_observer", False)
+         or getattr(f, "verl_npu_autopatch_placeholder", False)]
+assert hooks == [startup], hooks
 import autopatch_test_plugin
 """
         + IMPORT
