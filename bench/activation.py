@@ -15,6 +15,9 @@ Fresh processes, interleaved rounds:
    installed, the baseline): the whole cost a process pays when the placeholder sees a watched
    import on a non-NPU host.
 
+``--compare PYTHON`` adds the same two measures for another venv (e.g. one with the main branch's
+wheel) in the same interleaved rounds, so a change's cost is read as a paired difference.
+
 Each child also reports whether wrapt or importlib.metadata got imported (they must not be).
 """
 
@@ -62,13 +65,14 @@ print(json.dumps([dt, status, "wrapt" in sys.modules, "importlib.metadata" in sy
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", required=True, help="python of a venv with the package, without torch_npu")
+    parser.add_argument("--compare", help="python of another venv with another build of the package")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     seen: dict[str, set] = {}
 
-    def child(name: str, code: str, **env: str) -> float:
-        out = spawn_timed([args.python, "-c", code], clean_env(PYTHONPATH=str(FIXTURE_SITE), **env))[2]
+    def child(name: str, code: str, python: str = args.python, **env: str) -> float:
+        out = spawn_timed([python, "-c", code], clean_env(PYTHONPATH=str(FIXTURE_SITE), **env))[2]
         elapsed, status, wrapt, metadata = json.loads(out)
         seen.setdefault(name, set()).add(f"engine {status}, wrapt imported: {wrapt}, metadata imported: {metadata}")
         return elapsed
@@ -76,23 +80,24 @@ def main(argv: list[str] | None = None) -> int:
     hooked, unhooked = IMPORT_VLLM.replace("UNHOOK", "False"), IMPORT_VLLM.replace("UNHOOK", "True")
     for code in (ACTIVATE, hooked):  # warm the page cache
         child("warm", code)
-    activation = interleave(
-        {
-            "import engine + activate()": functools.partial(child, "import engine + activate()", ACTIVATE),
-            "activate() alone": functools.partial(child, "activate() alone", DECIDE),
-        },
-        args.rounds,
-    )
-    imports = interleave(
-        {
-            "import vllm (fixture), package on": functools.partial(child, "on", hooked),
-            "import vllm (fixture), VERL_NPU_AUTOPATCH=0": functools.partial(
-                child, "off", hooked, VERL_NPU_AUTOPATCH="0"
-            ),
-            "import vllm (fixture), placeholder removed": functools.partial(child, "unhooked", unhooked),
-        },
-        args.rounds,
-    )
+    activating = {
+        "import engine + activate()": functools.partial(child, "import engine + activate()", ACTIVATE),
+        "activate() alone": functools.partial(child, "activate() alone", DECIDE),
+    }
+    importing = {
+        "import vllm (fixture), package on": functools.partial(child, "on", hooked),
+        "import vllm (fixture), VERL_NPU_AUTOPATCH=0": functools.partial(child, "off", hooked, VERL_NPU_AUTOPATCH="0"),
+        "import vllm (fixture), placeholder removed": functools.partial(child, "unhooked", unhooked),
+    }
+    if args.compare:
+        activating["compare: import engine + activate()"] = functools.partial(
+            child, "compare: import engine + activate()", ACTIVATE, args.compare
+        )
+        importing["compare: import vllm (fixture), package on"] = functools.partial(
+            child, "compare: on", hooked, args.compare
+        )
+    activation = interleave(activating, args.rounds)
+    imports = interleave(importing, args.rounds)
     seen.pop("warm", None)
     report(
         "Inert activation on a non-NPU host",
@@ -102,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
                 imports, "import vllm (fixture), placeholder removed", "ms", 1e3
             ),
         },
-        {"python": args.python, "rounds": args.rounds, "children saw": {k: sorted(v) for k, v in seen.items()}},
+        {
+            "python": args.python,
+            "compare": args.compare or "-",
+            "rounds": args.rounds,
+            "children saw": {k: sorted(v) for k, v in seen.items()},
+        },
         args.json,
     )
     return 0

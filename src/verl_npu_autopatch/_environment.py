@@ -9,6 +9,8 @@ and use only the import system already loaded; version look-ups read installed m
 # watched import, where importing ``__future__`` would cost more than the module.
 import sys
 
+from verl_npu_autopatch._config import startup
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -23,12 +25,13 @@ _versions: dict[str, str | None] = {}
 
 def findable(name: str) -> bool:
     """Whether top-level module ``name`` could be imported, asking the meta-path finders directly
-    (``importlib.util.find_spec`` without importing ``importlib.util``; nothing is executed)."""
+    (``importlib.util.find_spec`` without importing ``importlib.util``; nothing is executed), but
+    our own start-up hook: a look-up is not an import to observe."""
     if name in sys.modules:
         return True
     for finder in list(sys.meta_path):
         find_spec = getattr(finder, "find_spec", None)
-        if find_spec is None or getattr(finder, "verl_npu_autopatch_observer", False):
+        if find_spec is None or startup.is_hook(finder):
             continue
         try:
             if find_spec(name, None) is not None:

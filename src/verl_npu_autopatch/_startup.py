@@ -1,26 +1,13 @@
-"""verl-npu-autopatch's start-up hook: the observer on ``sys.meta_path``.
+"""The start-up module: the observer on ``sys.meta_path`` (see docs/index.md, "How it works").
 
-At interpreter start nothing is imported: the ``verl_npu_autopatch.pth`` line puts a
-*placeholder* on ``sys.meta_path``, an object whose ``find_spec`` is a lambda compiled from that
-line. It ignores every name outside :data:`WATCHED`; for the first watched one it imports this
-module (as ``_verl_npu_autopatch_startup``, shipped at the wheel root) and calls
-:func:`take_over`, which puts this module in the placeholder's place. A failed import (a stale
-``.pth``, the module deleted) empties the placeholder's watched set, and the import goes on as if
-we were not installed. The PEP 829 ``verl_npu_autopatch.start`` file (Python 3.15+) calls
-:func:`install_observer` instead, and the package shipped alone (Ray ``py_modules``,
-``PYTHONPATH``) uses its own copy, ``verl_npu_autopatch._startup``, through
-``verl_npu_autopatch._config.startup``: one module object, registered as
-``sys.modules["_verl_npu_autopatch_startup"]``, whoever loads it first.
-
-This module uses only what ``python -c pass`` has already loaded (``os``, ``sys``), defines no
-class at import and never raises, prints or writes. It is its own observer: the module object
-itself sits on ``sys.meta_path`` (a module-level :func:`find_spec` is a finder).
-
-Its ``find_spec`` ignores every import except the first import of a watched top-level package.
-For that one it hands back the real spec with an *activating loader*; what that loader does (the
-inert-host decision, guard mode, activating the engine) lives in ``verl_npu_autopatch._activation``
-and is imported from the loader, when the package loads, never from ``find_spec``, which runs
-under the interpreter's global import lock (see docs/index.md, "Activation and threads").
+Nothing imports it at interpreter start. The ``verl_npu_autopatch.pth`` line puts a placeholder on
+``sys.meta_path``; the first watched name imports this module (as ``_verl_npu_autopatch_startup``,
+the wheel's root copy of this file, holding the global import lock) and calls :func:`take_over`.
+The PEP 829 ``.start`` file (Python 3.15+) calls :func:`install_observer`; the package shipped
+alone uses this file through ``_config.startup``. Standard library only (``os``, ``sys``, already
+loaded); never raises, prints or writes. The module object itself is the observer: its
+:func:`find_spec` hands a watched package's real spec back with an :class:`ActivatingLoader`,
+whose work (``_activation``) is imported when the package loads, outside the global lock.
 """
 
 import os
@@ -87,7 +74,7 @@ def activating(spec, waits_for):
     if loader is None and spec.submodule_search_locations is not None:
         loader = _namespace_loader(spec)  # a namespace package (no __init__.py)
     if loader is not None and hasattr(loader, "exec_module"):
-        spec.loader = _activating_loader_class()(loader, waits_for)
+        spec.loader = ActivatingLoader(loader, waits_for)
     return spec
 
 
@@ -95,7 +82,7 @@ def real_spec(fullname, path, target):
     """The spec the other finders on ``sys.meta_path`` give ``fullname``."""
     for finder in list(sys.meta_path):
         find = getattr(finder, "find_spec", None)
-        if find is None or getattr(finder, "verl_npu_autopatch_observer", False) or _placeholder(finder):
+        if find is None or is_hook(finder):
             continue
         spec = find(fullname, path, target)
         if spec is not None:
@@ -115,51 +102,38 @@ def _namespace_loader(spec):
         return None
 
 
-_ActivatingLoader = None
+class ActivatingLoader:
+    """Wraps a watched package's (or, during activation, a guarded module's) loader; other
+    attributes (``get_code``, ...) pass through to the real loader."""
 
+    def __init__(self, loader, waits_for=None):
+        self.loader = loader
+        self.waits_for = waits_for
+        self.inert = False
+        self.broken = False  # the package cannot be imported: load as if we were not here
 
-def _activating_loader_class():
-    """The activating loader's class, made at the first watched import (under the import lock,
-    so without importing anything): it hands ``create_module`` and ``exec_module`` to
-    ``verl_npu_autopatch._activation``, imported there, outside the lock."""
-    global _ActivatingLoader
-    if _ActivatingLoader is None:
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
 
-        class ActivatingLoader:
-            """Wraps a watched package's (or, during activation, a guarded module's) loader;
-            other attributes (``get_code``, ...) pass through to the real loader."""
+    def create_module(self, spec):
+        try:
+            from verl_npu_autopatch import _activation
+        except Exception:
+            uninstall_observer()
+            self.broken = True
+            create = getattr(self.loader, "create_module", None)
+            return create(spec) if create is not None else None
+        return _activation.create_module(self, spec)
 
-            def __init__(self, loader, waits_for=None):
-                self.loader = loader
-                self.waits_for = waits_for
-                self.inert = False
-                self.broken = False  # the package cannot be imported: load as if we were not here
+    def exec_module(self, module):
+        if self.broken:
+            module.__loader__ = self.loader
+            if getattr(module, "__spec__", None) is not None:
+                module.__spec__.loader = self.loader
+            return self.loader.exec_module(module)
+        from verl_npu_autopatch import _activation
 
-            def __getattr__(self, name):
-                return getattr(self.loader, name)
-
-            def create_module(self, spec):
-                try:
-                    from verl_npu_autopatch import _activation
-                except Exception:
-                    uninstall_observer()
-                    self.broken = True
-                    create = getattr(self.loader, "create_module", None)
-                    return create(spec) if create is not None else None
-                return _activation.create_module(self, spec)
-
-            def exec_module(self, module):
-                if self.broken:
-                    module.__loader__ = self.loader
-                    if getattr(module, "__spec__", None) is not None:
-                        module.__spec__.loader = self.loader
-                    return self.loader.exec_module(module)
-                from verl_npu_autopatch import _activation
-
-                return _activation.exec_module(self, module)
-
-        _ActivatingLoader = ActivatingLoader
-    return _ActivatingLoader
+        return _activation.exec_module(self, module)
 
 
 def installed_observer():
@@ -173,11 +147,17 @@ def installed_observer():
 def hooked():
     """The start-up hook is in place: the observer, or the placeholder waiting for a watched
     import."""
-    return installed_observer() is not None or any(_placeholder(finder) for finder in sys.meta_path)
+    return any(is_hook(finder) for finder in sys.meta_path)
 
 
 def _placeholder(finder):
     return getattr(finder, PLACEHOLDER, False) is True
+
+
+def is_hook(finder):
+    """``finder`` is ours: the observer or the start-up line's placeholder (finders that look
+    up a name for us skip both)."""
+    return getattr(finder, "verl_npu_autopatch_observer", False) is True or _placeholder(finder)
 
 
 def drop_placeholders():

@@ -75,10 +75,10 @@ def _make_probe(status: str) -> Callable[[], dict[str, Any]]:
 # --------------------------------------------------------------------------- summarising
 def _hook(status: dict[str, Any]) -> str:
     """Did the start-up hook run in the probe's (fresh) worker process?"""
+    if not status["configuration"]["enabled"]:
+        return "switched off"  # the placeholder may still wait: it reads the switch at the first watched import
     if status["observer_installed"]:
         return "observer"
-    if not status["configuration"]["enabled"]:
-        return "switched off"
     return "NOT RUN"
 
 
