@@ -162,15 +162,22 @@ def is_hook(finder):
 
 def drop_placeholders():
     """Take the start-up line's placeholders off ``sys.meta_path``."""
-    if any(_placeholder(finder) for finder in sys.meta_path):
-        _replace_meta_path([finder for finder in sys.meta_path if not _placeholder(finder)])
+    _leave_meta_path(_placeholder)
 
 
-def _replace_meta_path(finders):
-    """A new ``sys.meta_path`` list instead of removing from the old one: an import running in
-    another thread iterates over the old list, and removing from it would make that import skip
-    the finder after the removed one (even the last, ``PathFinder``: "No module named ...")."""
-    sys.meta_path = finders
+def _leave_meta_path(leaving):
+    """The finders ``leaving(finder)`` picks off ``sys.meta_path``, as a new list instead of
+    removing from the old one: an import running in another thread iterates over the old list,
+    and removing from it would make that import skip the finder after the removed one (even the
+    last, ``PathFinder``: "No module named ...")."""
+    if any(leaving(finder) for finder in sys.meta_path):
+        sys.meta_path = [finder for finder in sys.meta_path if not leaving(finder)]
+
+
+def _too_late_or_off():
+    """Switched off, or a watched package was imported before the hook was in place (then
+    ``activate()`` or the vLLM plugin takes over): nothing to observe."""
+    return switched_off() or any(name in sys.modules for name in WATCHED)
 
 
 def put_first():
@@ -195,7 +202,7 @@ def take_over(fullname, path=None, target=None):
     imported before the placeholder was in place, e.g. a ``.pth`` processed again, when the
     placeholder just leaves) and answers for ``fullname``."""
     try:
-        if switched_off() or any(name in sys.modules for name in WATCHED):
+        if _too_late_or_off():
             drop_placeholders()
         else:
             put_first()
@@ -209,8 +216,7 @@ def uninstall_observer():
     global find_spec, gated, activator, trigger
     try:
         me = sys.modules[__name__]
-        if any(finder is me for finder in sys.meta_path):
-            _replace_meta_path([finder for finder in sys.meta_path if finder is not me])
+        _leave_meta_path(lambda finder: finder is me)
     except Exception:
         pass
     find_spec, gated, activator, trigger = observe, WATCHED, None, ""
@@ -223,8 +229,7 @@ def install_observer():
         me = sys.modules.setdefault(NAME, sys.modules[__name__])
         if me is not sys.modules[__name__]:
             return me.install_observer()
-        if switched_off() or any(name in sys.modules for name in WATCHED):
-            return  # too late to observe: ``activate()`` or the vLLM plugin takes over
-        put_first()
+        if not _too_late_or_off():
+            put_first()
     except Exception:
         pass
