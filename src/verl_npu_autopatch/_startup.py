@@ -39,6 +39,10 @@ gated = WATCHED
 activator = None
 trigger = ""
 
+#: The observer's work in this process is over: it left ``sys.meta_path`` after an activation,
+#: or after deciding against one (a ``.pth`` processed again later puts no observer back).
+done = False
+
 
 def flag(raw):
     """``True`` / ``False`` for an on/off word of :data:`TRUE` / :data:`FALSE`, ``None`` for
@@ -174,10 +178,13 @@ def _leave_meta_path(leaving):
         sys.meta_path = [finder for finder in sys.meta_path if not leaving(finder)]
 
 
-def _too_late_or_off():
-    """Switched off, or a watched package was imported before the hook was in place (then
-    ``activate()`` or the vLLM plugin takes over): nothing to observe."""
-    return switched_off() or any(name in sys.modules for name in WATCHED)
+def _nothing_to_observe():
+    """Switched off, or the observer's work in this process is over (:data:`done`).
+
+    A watched package already in ``sys.modules`` does not count: one imported before the hook
+    was in place (another ``.pth``), or put there by hand, is patched at activation like any
+    target imported before it, and the next watched import still activates."""
+    return switched_off() or done
 
 
 def put_first():
@@ -198,11 +205,10 @@ def put_first():
 def take_over(fullname, path=None, target=None):
     """``find_spec`` of the start-up line's placeholder for a watched name (the first watched
     import of the process), called under the global import lock: this module takes the
-    placeholder's place and observes from now on (unless switched off, or a watched package was
-    imported before the placeholder was in place, e.g. a ``.pth`` processed again, when the
+    placeholder's place and observes from now on (unless :func:`_nothing_to_observe`, when the
     placeholder just leaves) and answers for ``fullname``."""
     try:
-        if _too_late_or_off():
+        if _nothing_to_observe():
             drop_placeholders()
         else:
             put_first()
@@ -212,14 +218,15 @@ def take_over(fullname, path=None, target=None):
 
 
 def uninstall_observer():
-    """Leave ``sys.meta_path`` (activation is over, or decided against) and go back to observing."""
-    global find_spec, gated, activator, trigger
+    """Leave ``sys.meta_path`` for good (activation is over, or decided against); what is left
+    of the module observes again, should an activation put it back (``_activation.guard``)."""
+    global find_spec, gated, activator, trigger, done
     try:
         me = sys.modules[__name__]
         _leave_meta_path(lambda finder: finder is me)
     except Exception:
         pass
-    find_spec, gated, activator, trigger = observe, WATCHED, None, ""
+    find_spec, gated, activator, trigger, done = observe, WATCHED, None, "", True
 
 
 def install_observer():
@@ -229,7 +236,7 @@ def install_observer():
         me = sys.modules.setdefault(NAME, sys.modules[__name__])
         if me is not sys.modules[__name__]:
             return me.install_observer()
-        if not _too_late_or_off():
+        if not _nothing_to_observe():
             put_first()
     except Exception:
         pass

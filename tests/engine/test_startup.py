@@ -79,6 +79,27 @@ print(json.dumps([replaced, left]))
     assert run_json(any_python, code, fixtures=False) == [True, True]
 
 
+def test_a_watched_package_loaded_by_hand_does_not_stop_the_observer(any_python: Path) -> None:
+    # e.g. a test double in sys.modules["torch_npu"]: the next watched import still activates
+    code = "import sys, types; sys.modules['torch_npu'] = types.ModuleType('torch_npu'); " + STAGES
+    start, _, after = run_json(any_python, code, fixtures=False)
+    assert start == ["placeholder"] and after == [OBSERVER]
+
+
+def test_a_pth_processed_again_after_the_observer_left_adds_no_observer(any_python: Path) -> None:
+    purelib = site_packages(any_python)
+    code = f"""
+import importlib.util, json, site, sys
+importlib.util.find_spec("vllm")
+sys.modules["_verl_npu_autopatch_startup"].uninstall_observer()  # as at the end of an activation
+site.addsitedir({str(purelib)!r})
+again = {HOOKS}
+importlib.util.find_spec("transformers")
+print(json.dumps([again, {HOOKS}]))
+"""
+    assert run_json(any_python, code, fixtures=False) == [["placeholder"], []]
+
+
 def test_master_switch_leaves_nothing_at_the_first_watched_name(any_python: Path) -> None:
     for value in ("0", "false", "NO", " off "):
         start, _, after = run_json(any_python, STAGES, env={"VERL_NPU_AUTOPATCH": value}, fixtures=False)
