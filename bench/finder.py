@@ -7,8 +7,9 @@ import):
     .envs/base-3.11-*/bin/python bench/finder.py [--modules 2000] [--rounds 60]
 
 1. Paired: import N fresh tiny modules (byte-compiled, in a temporary directory on ``sys.path``)
-   with the placeholder, or the observer, at the front of ``sys.meta_path`` vs with nothing there,
-   in interleaved rounds; the per-import difference is (median A - median B) / N.
+   with the placeholders (a venv's two: ``site`` reads the ``.pth`` twice), one placeholder, or the
+   observer at the front of ``sys.meta_path`` vs with nothing there, in interleaved rounds; the
+   per-import difference is (median A - median B) / N.
    A fourth variant puts a do-nothing finder there instead: what any extra meta-path entry costs
    (the import system takes its lock around each finder look-up).
 2. Direct: the placeholder's and the observer's ``find_spec`` miss (an unrelated name), timed in a
@@ -32,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _bench import interleave, median, report, summary
 
 
-def hooks() -> tuple[object, object]:
-    """The placeholder the ``.pth`` line put on ``sys.meta_path``, taken off, and the observer
+def hooks() -> tuple[list[object], object]:
+    """The placeholders the ``.pth`` line put on ``sys.meta_path``, taken off, and the observer
     (the start-up module, loaded here, not installed)."""
     found = [f for f in sys.meta_path if getattr(f, "verl_npu_autopatch_placeholder", False)]
     if not found:
@@ -41,7 +42,7 @@ def hooks() -> tuple[object, object]:
     sys.meta_path[:] = [f for f in sys.meta_path if f not in found]
     from verl_npu_autopatch._config import startup
 
-    return found[0], startup
+    return found, startup
 
 
 class NoOp:
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    placeholder, observer = hooks()
+    placeholders, observer = hooks()
+    placeholder = placeholders[0]
     where = Path(tempfile.mkdtemp(prefix="vna-bench-finder-"))
     names = [f"vna_bench_mod_{i:05d}" for i in range(args.modules)]
     try:
@@ -69,26 +71,25 @@ def main(argv: list[str] | None = None) -> int:
 
         noop = NoOp()
 
-        def import_all(front: object | None) -> float:
+        def import_all(*front: object) -> float:
             for name in names:
                 sys.modules.pop(name, None)
-            if front is not None:
-                sys.meta_path.insert(0, front)
+            sys.meta_path[:0] = front
             start = time.perf_counter()
             for name in names:
                 __import__(name)
             elapsed = time.perf_counter() - start
-            if front is not None:
-                sys.meta_path.remove(front)
+            del sys.meta_path[: len(front)]
             return elapsed / len(names)
 
         import_all(placeholder)  # warm: directory listing cached, pyc files in the page cache
         samples = interleave(
             {
-                "placeholder installed": lambda: import_all(placeholder),
+                f"{len(placeholders)} placeholder(s) installed (this venv)": lambda: import_all(*placeholders),
+                "one placeholder installed": lambda: import_all(placeholder),
                 "observer installed": lambda: import_all(observer),
                 "no-op finder installed": lambda: import_all(noop),
-                "nothing installed": lambda: import_all(None),
+                "nothing installed": lambda: import_all(),
             },
             args.rounds,
         )
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             max(5, args.rounds // 6),
         )
         net = median(direct["placeholder find_spec miss"]) - median(direct["no-op find_spec (loop + call)"])
-        per_import = median(samples["placeholder installed"]) - median(samples["nothing installed"])
+        per_import = median(samples["one placeholder installed"]) - median(samples["nothing installed"])
         report(
             "Start-up hook cost per unrelated import",
             {

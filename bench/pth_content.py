@@ -7,7 +7,8 @@ The file is restored afterwards. Variants: none; a comment only (the cost of sit
 ``.pth`` file); ``import os`` (an import line that loads nothing new); a line that puts a
 do-nothing lambda finder on ``sys.meta_path`` (the floor of any line that installs a finder); a
 bare import of the start-up module; the line shipped before, which imported it behind a guard;
-and the shipped line, which puts the placeholder there and imports nothing.
+the placeholder line with a guard that kept one placeholder although a venv runs the line twice;
+and the shipped line, which puts a placeholder there each time and imports nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ IMPORTING_LINE = (
     "import sys; '_verl_npu_autopatch_startup' in sys.modules or exec('try:\\n import _verl_npu_autopatch_startup"
     " as s\\nexcept Exception:\\n pass\\nelse:\\n s.install_observer()')\n"
 )
+#: The placeholder line with a guard against the second ``.pth`` pass of a venv (no placeholder
+#: when the first finder already is one): compiling the guard cost more than it saved.
+GUARD = "hasattr(sys.meta_path[:1] and sys.meta_path[0], 'verl_npu_autopatch_placeholder') or "
+GUARDED_PLACEHOLDER_LINE = SHIPPED.replace("import sys; ", "import sys; " + GUARD, 1)
 VARIANTS = {
     "no .pth": None,
     "comment only": "# a .pth file with nothing to run\n",
@@ -38,6 +43,7 @@ VARIANTS = {
         "import _verl_npu_autopatch_startup; _verl_npu_autopatch_startup.install_observer()\n"
     ),
     "the importing line (before)": IMPORTING_LINE,
+    "the placeholder line with a guard (before)": GUARDED_PLACEHOLDER_LINE,
     "shipped line (the placeholder)": SHIPPED,
 }
 

@@ -27,8 +27,8 @@ FALSE = frozenset({"0", "false", "no", "off", "n", "f", "disable", "disabled", "
 #: ``_config`` for the package's own copy): one observer per process.
 NAME = "_verl_npu_autopatch_startup"
 
-#: Marks the start-up line's placeholder on ``sys.meta_path`` (the line puts none when the first
-#: finder already is one: a venv reads its ``.pth`` files twice, cpython#75723).
+#: Marks the start-up line's placeholders on ``sys.meta_path``: one each time ``site`` reads the
+#: ``.pth`` (twice in a venv, cpython#75723); :func:`take_over` replaces the first, drops the rest.
 PLACEHOLDER = "verl_npu_autopatch_placeholder"
 
 #: Marks this module as the observer on ``sys.meta_path``.

@@ -46,9 +46,9 @@ def test_wheel_root_holds_both_startup_files(wheel: Path) -> None:
 
 def test_placeholders_at_start_then_exactly_one_observer(any_python: Path) -> None:
     start, loaded, after = run_json(any_python, STAGES, fixtures=False)
-    # venvs process their .pth files twice (cpython#75723): still one placeholder, nothing imported
-    assert start == ["placeholder"] and loaded is False
-    # the first watched name puts the observer in its place
+    # one placeholder each time site read the .pth (a venv reads it twice: cpython#75723); nothing imported
+    assert len(start) in (1, 2) and set(start) == {"placeholder"} and loaded is False
+    # the first watched name puts the observer in the first one's place and drops the others
     assert after == [OBSERVER]
 
 
@@ -63,27 +63,30 @@ def test_startup_imports_nothing_heavy(any_python: Path, tmp_path: Path) -> None
 
 
 def test_meta_path_changes_never_shift_an_import_in_another_thread(any_python: Path) -> None:
-    # an import iterates over the list it read: the observer replaces the placeholder in place,
-    # and leaves through a new list, so an iteration under way skips no finder
+    # an import iterates over the list it read: the observer replaces the first placeholder in
+    # place, and the other placeholders and later the observer leave through a new list, so an
+    # iteration under way skips no finder
     code = """
 import importlib.util, json, sys
 live = sys.meta_path
 before = list(live)
+others = [f for f in before if not getattr(f, "verl_npu_autopatch_placeholder", False)]
 importlib.util.find_spec("vllm")  # the first watched name: take_over
 startup = sys.modules["_verl_npu_autopatch_startup"]
-replaced = sys.meta_path is live and live[0] is startup and live[1:] == before[1:]
+replaced = live[0] is startup and live[1:] == before[1:] and sys.meta_path == [startup, *others]
+observing = sys.meta_path
 startup.uninstall_observer()
-left = sys.meta_path is not live and live[0] is startup and sys.meta_path == before[1:]
-print(json.dumps([replaced, left]))
+left = observing[0] is startup and sys.meta_path == others
+print(json.dumps([before[0] is not startup, replaced, left]))
 """
-    assert run_json(any_python, code, fixtures=False) == [True, True]
+    assert run_json(any_python, code, fixtures=False) == [True, True, True]
 
 
 def test_a_watched_package_loaded_by_hand_does_not_stop_the_observer(any_python: Path) -> None:
     # e.g. a test double in sys.modules["torch_npu"]: the next watched import still activates
     code = "import sys, types; sys.modules['torch_npu'] = types.ModuleType('torch_npu'); " + STAGES
     start, _, after = run_json(any_python, code, fixtures=False)
-    assert start == ["placeholder"] and after == [OBSERVER]
+    assert set(start) == {"placeholder"} and after == [OBSERVER]
 
 
 def test_a_pth_processed_again_after_the_observer_left_adds_no_observer(any_python: Path) -> None:
@@ -97,13 +100,14 @@ again = {HOOKS}
 importlib.util.find_spec("transformers")
 print(json.dumps([again, {HOOKS}]))
 """
-    assert run_json(any_python, code, fixtures=False) == [["placeholder"], []]
+    again, after = run_json(any_python, code, fixtures=False)
+    assert (set(again), after) == ({"placeholder"}, [])
 
 
 def test_master_switch_leaves_nothing_at_the_first_watched_name(any_python: Path) -> None:
     for value in ("0", "false", "NO", " off "):
         start, _, after = run_json(any_python, STAGES, env={"VERL_NPU_AUTOPATCH": value}, fixtures=False)
-        assert start == ["placeholder"] and after == []
+        assert set(start) == {"placeholder"} and after == []
 
 
 def test_dash_capital_s_does_nothing(any_python: Path) -> None:
