@@ -1,7 +1,8 @@
-"""What the start-up observer does once a watched package starts loading: decide whether this host
-is inert, guard other threads' imports while the engine activates, activate it, and patch the
-package itself. Imported by the activating loader of the start-up module (outside the
-interpreter's global import lock) and by the engine; standard library only, light.
+"""What the start-up observer does once a watched package starts loading, unless the start-up
+module found the host plainly inert: decide from the configuration whether this host is inert,
+guard other threads' imports while the engine activates, activate it, and patch the package
+itself. Imported by the activating loader of the start-up module (outside the interpreter's
+global import lock) and by the engine; standard library only, light.
 
 While the engine activates, the observer *guards* imports (:func:`guard`): every watched package
 and every submodule of a watched (or target) package that another thread imports waits in its
@@ -21,9 +22,6 @@ if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any
-
-#: The watched package whose import found this host inert without importing the engine.
-woken_inert = ""
 
 
 def inert_here() -> bool:
@@ -45,7 +43,7 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
         try:
             loader.inert = inert_here()
             if loader.inert:
-                stop_observing()
+                startup.fall_inert(spec.name)
             else:
                 begin_guard(spec.name)
         except Exception:
@@ -55,21 +53,17 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
 
 
 def exec_module(loader: "Any", module: "ModuleType") -> None:
-    """``exec_module`` of an activating loader: activate the engine unless this host is inert
-    (waiting for an activation under way in another thread), run the real loader, then let the
+    """``exec_module`` of an activating loader on a host that is not inert: activate the engine
+    (or wait for an activation under way in another thread), run the real loader, then let the
     engine patch the module itself (wrapt never saw this import)."""
-    global woken_inert
     module.__loader__ = loader.loader
     if getattr(module, "__spec__", None) is not None:
         module.__spec__.loader = loader.loader
     engine = None
     try:
-        if loader.inert:
-            woken_inert = woken_inert or module.__name__
-        else:
-            from verl_npu_autopatch import engine
+        from verl_npu_autopatch import engine
 
-            engine.activate(trigger=loader.waits_for or module.__name__)
+        engine.activate(trigger=loader.waits_for or module.__name__)
     except Exception as exc:  # the engine records its own failures; never break the import
         if type(exc).__name__ == "PatchError":  # strict mode: raise at the watched import
             raise

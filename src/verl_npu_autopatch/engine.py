@@ -18,7 +18,7 @@ import _thread
 import sys
 
 from verl_npu_autopatch import _activation, _environment, _gates, _logging
-from verl_npu_autopatch._config import Config, read_config
+from verl_npu_autopatch._config import Config, read_config, startup
 from verl_npu_autopatch._installed import Installed
 from verl_npu_autopatch._logging import LOGGER_NAME
 
@@ -462,8 +462,8 @@ def report() -> Report:
     """What the process-wide engine decided so far, patch by patch, with the configuration
     warnings (also on hosts where it stays inactive)."""
     if _ENGINE.status == "not-activated":
-        if _activation.woken_inert:
-            _ENGINE.activate(_activation.woken_inert)  # the start-up hook found it inert; say why
+        if startup.woken_inert:
+            _ENGINE.activate(startup.woken_inert)  # the start-up hook found it inert; say why
         elif not read_config().enabled:
             _ENGINE.activate("report()")  # say that it is switched off
     if _ENGINE.status == "not-activated":

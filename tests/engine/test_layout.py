@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import verl_npu_autopatch
 
@@ -147,3 +151,35 @@ def test_the_where_things_live_map_names_every_module_and_imports_point_down_it(
         if row_of[imported] < row_of[module] and (module, imported) not in wake_up
     ]
     assert upward == []
+
+
+def test_a_plainly_inert_host_is_inert_by_the_one_device_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the start-up module's loader decides "inert" alone only where the configuration could not
+    # say otherwise; every such environment is inert by _activation.inert_here as well
+    from verl_npu_autopatch import _activation, _config
+
+    startup = _config.startup
+    assert {*startup.DECIDING, *startup.SWITCHES} == set(_config.VARIABLES) - {
+        "VERL_NPU_AUTOPATCH_ENABLE",
+        "VERL_NPU_AUTOPATCH_DISABLE",
+    }  # a new variable must be placed: does it change the decision, or warn?
+    values = {
+        "VERL_NPU_AUTOPATCH": (None, " ", "1", "Off", "maybe"),
+        "VERL_NPU_AUTOPATCH_DEVICE": (None, "auto", "npu", "none", "gpu"),
+        "VERL_NPU_AUTOPATCH_LOG": (None, "INFO", "loud"),
+        "VERL_NPU_AUTOPATCH_STRICT": (None, "yes", "maybe"),
+        "VERL_VLLM_ASCEND_GLM52_PATCH": (None, "1", "maybe"),
+        "VERL_NPU_AUTOPATCH_ENABLE": (None, "glm5"),
+    }
+    plain = 0
+    for installed in (False, True):
+        monkeypatch.setattr(startup, "findable", lambda name, installed=installed: installed)
+        for chosen in itertools.product(*values.values()):
+            env = {name: value for name, value in zip(values, chosen, strict=True) if value is not None}
+            monkeypatch.setattr(os, "environ", env)
+            if startup.plainly_inert():
+                plain += 1
+                assert _activation.inert_here(), env
+    # without torch_npu: the master switch unset, blank, on or off, STRICT and the legacy switch
+    # unset or understood, ENABLE anything, DEVICE and LOG unset; never with torch_npu
+    assert plain == 4 * 2 * 2 * 2

@@ -28,6 +28,13 @@ AT_START = ["placeholder", "placeholder"]
 #: The observer is the start-up module itself.
 OBSERVER = "_verl_npu_autopatch_startup"
 MODULES = "import sys, json; print(json.dumps(sorted(sys.modules)))"
+#: What a first watched import loads of the package where the configuration decides.
+PACKAGE_ON_THE_INERT_PATH = (
+    "verl_npu_autopatch",
+    "verl_npu_autopatch._activation",
+    "verl_npu_autopatch._config",
+    "verl_npu_autopatch._environment",
+)
 
 
 def site_packages(python: Path) -> Path:
@@ -136,20 +143,25 @@ def test_odd_values_never_break_startup(any_python: Path) -> None:
 
 
 def test_watched_import_activates_and_inert_host_stays_light(any_python: Path) -> None:
-    code = """
+    code = f"""
 import json, sys
 import vllm
 heavy = sorted(m for m in ("wrapt", "importlib.metadata", "logging", "dataclasses", "inspect", "torch_npu")
                if m in sys.modules)
+ours, hooks = sorted(m for m in sys.modules if "verl_npu_autopatch" in m), {HOOKS}
 import verl_npu_autopatch
 r = verl_npu_autopatch.report()
-print(json.dumps({"status": r.status, "reason": r.reason, "trigger": r.trigger, "heavy": heavy}))
+print(json.dumps(dict(status=r.status, reason=r.reason, trigger=r.trigger, heavy=heavy, ours=ours, hooks=hooks)))
 """
+    # no torch_npu and nothing configured: the start-up module decides alone, importing nothing
     seen = run_json(any_python, code)
-    assert seen["status"] == "inactive"
-    assert seen["trigger"] == "vllm"
+    assert (seen["status"], seen["trigger"], seen["heavy"], seen["hooks"]) == ("inactive", "vllm", [], [])
     assert "torch_npu is not installed" in seen["reason"]
-    assert seen["heavy"] == []
+    assert seen["ours"] == [OBSERVER]
+    # a configuration that could change the decision is read (by _activation): inert all the same
+    configured = run_json(any_python, code, env={"VERL_NPU_AUTOPATCH_DEVICE": "auto"})
+    assert {**configured, "ours": []} == {**seen, "ours": []}
+    assert configured["ours"] == sorted([OBSERVER, *PACKAGE_ON_THE_INERT_PATH])
 
 
 def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) -> None:
