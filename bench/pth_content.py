@@ -8,7 +8,8 @@ The file is restored afterwards. Variants: none; a comment only (the cost of sit
 do-nothing lambda finder on ``sys.meta_path`` (the floor of any line that installs a finder); a
 bare import of the start-up module; the line shipped before, which imported it behind a guard;
 the placeholder line with a guard that kept one placeholder although a venv runs the line twice;
-and the shipped line, which puts a placeholder there each time and imports nothing.
+the placeholder line with the watched names in a set (before); and the shipped line, which puts a
+placeholder there each time and imports nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ IMPORTING_LINE = (
 #: when the first finder already is one): compiling the guard cost more than it saved.
 GUARD = "hasattr(sys.meta_path[:1] and sys.meta_path[0], 'verl_npu_autopatch_placeholder') or "
 GUARDED_PLACEHOLDER_LINE = SHIPPED.replace("import sys; ", "import sys; " + GUARD, 1)
+#: The placeholder line shipped until 2026-12-03: the watched names in a set, and a stale
+#: start-up module emptied it.
+SET_LINE = (
+    "import sys; sys.meta_path.insert(0, type(sys.implementation)(verl_npu_autopatch_placeholder=True, "
+    "find_spec=lambda n, *a, w=set('vllm vllm_ascend transformers liger_kernel verl tensordict torch_npu "
+    "megatron'.split()), r=[]: exec('try: from _verl_npu_autopatch_startup import take_over as t; "
+    "r.append(t(n, *a))\\nexcept Exception: r.append(w.clear())') or r.pop() if n in w else None))\n"
+)
 VARIANTS = {
     "no .pth": None,
     "comment only": "# a .pth file with nothing to run\n",
@@ -44,6 +53,7 @@ VARIANTS = {
     ),
     "the importing line (before)": IMPORTING_LINE,
     "the placeholder line with a guard (before)": GUARDED_PLACEHOLDER_LINE,
+    "the set-lookup line (before)": SET_LINE,
     "shipped line (the placeholder)": SHIPPED,
 }
 

@@ -62,6 +62,32 @@ def test_placeholders_at_start_then_exactly_one_observer(any_python: Path) -> No
     assert after == [OBSERVER]
 
 
+def test_the_placeholder_watches_exactly_the_watched_names(any_python: Path) -> None:
+    # the .pth line's placeholder alone (-S: site never ran, the start-up module is not on the path)
+    purelib = site_packages(any_python)
+    code = f"""
+import json, sys
+exec(open({str(purelib / "verl_npu_autopatch.pth")!r}).read())
+placeholder = sys.meta_path[0]
+find, kept = placeholder.find_spec, placeholder.find_spec.__kwdefaults__
+missed = [find(name, None, None) for name in ("json", "torch", "torch_np", "encodings.idna", "vllm", "megatron")]
+stale = "_verl_npu_autopatch_startup" in sys.modules
+sys.path.append({str(purelib)!r})  # the start-up module can be imported from now on
+part = find("torch", None, None), "_verl_npu_autopatch_startup" in sys.modules
+find("vllm", None, None)
+print(json.dumps([sorted(kept["w"].split()), missed, stale, part, kept["r"], {HOOKS}]))
+"""
+    watched, missed, stale, part, results_left, hooks = run_json(any_python, code, args=("-S",), fixtures=False)
+    from verl_npu_autopatch import _startup as startup
+
+    assert watched == sorted(startup.WATCHED)
+    # unrelated names and watched names whose start-up module cannot be imported (a stale .pth)
+    # give None; "torch", a part of "torch_npu", does not even look for the start-up module
+    assert missed == [None] * 6 and stale is False and part == [None, False]
+    # a watched name imports it, and its observer takes the placeholder's place; no result is left behind
+    assert hooks == [OBSERVER] and results_left == []
+
+
 def test_startup_imports_nothing_heavy(any_python: Path, tmp_path: Path) -> None:
     bare = tmp_path / "bare"  # made the same way as the test venv, without the wheel
     base = Path(run(any_python, "import sys; print(sys._base_executable)", fixtures=False).stdout.strip())
