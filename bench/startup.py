@@ -16,6 +16,12 @@ and, in-process, how long ``site.main()`` (the ``.pth`` processing) takes.
 branch's), measured in the same interleaved rounds: the paired difference *package - compare*
 is what a change costs at start-up.
 
+``--floors`` adds three venvs installed like *package* whose ``verl_npu_autopatch.pth`` holds
+instead: a comment only (what ``site`` reading the file costs), ``import os`` (the cheapest line
+that runs anything), and a line that puts a do-nothing lambda finder on ``sys.meta_path`` (the
+least any ``.pth`` start-up hook can cost): the floors under the package's own figure, measured
+in the same interleaved rounds.
+
 ``--python`` must have pip >= 22.3 (``pip --python``); the venvs use its base interpreter.
 """
 
@@ -34,24 +40,42 @@ from _bench import ROOT, clean_env, interleave, report, run, spawn_timed, summar
 #: The autowrapt release the *autowrapt* venv installs.
 AUTOWRAPT = "autowrapt==2.0.0"
 SITE_MAIN = "import time; t = time.perf_counter(); import site; site.main(); print(time.perf_counter() - t)"
+#: ``--floors``: ``.pth`` contents under the package's line, each in a venv of its own.
+FLOORS = {
+    "floor: comment-only .pth": "# site reads this file and runs nothing\n",
+    "floor: import os": "import os\n",
+    "floor: do-nothing finder": (
+        "import sys; sys.meta_path.insert(0, type(sys.implementation)(find_spec=lambda *a: None))\n"
+    ),
+}
 
 
-def make_venvs(python: str, wheel: Path, where: Path, compare: Path | None = None) -> dict[str, Path]:
-    """The four venvs (five with ``compare``); returns ``{variant: its python}``."""
+def make_venvs(
+    python: str, wheel: Path, where: Path, compare: Path | None = None, floors: bool = False
+) -> dict[str, Path]:
+    """The four venvs (five with ``compare``, three more with ``floors``); returns ``{variant: its python}``."""
     base = run([python, "-c", "import sys; print(sys._base_executable)"]).strip()
     found = {}
-    for name in ("plain", "package", "wrapt-pth", "autowrapt", *(("compare",) if compare else ())):
-        run([base, "-m", "venv", "--without-pip", where / name])
-        found[name] = where / name / "bin" / "python"
+    extra = (("compare",) if compare else ()) + (tuple(FLOORS) if floors else ())
+    for number, name in enumerate(("plain", "package", "wrapt-pth", "autowrapt", *extra)):
+        run([base, "-m", "venv", "--without-pip", where / str(number)])
+        found[name] = where / str(number) / "bin" / "python"
     pip = [python, "-m", "pip", "--python"]
-    run([*pip, found["package"], "install", "-q", "--disable-pip-version-check", wheel])
+    for name in ("package", *(FLOORS if floors else ())):
+        run([*pip, found[name], "install", "-q", "--disable-pip-version-check", wheel])
     if compare:
         run([*pip, found["compare"], "install", "-q", "--disable-pip-version-check", compare])
     run([*pip, found["wrapt-pth"], "install", "-q", "--disable-pip-version-check", "wrapt"])
     run([*pip, found["autowrapt"], "install", "-q", "--disable-pip-version-check", AUTOWRAPT])
-    purelib = run([found["wrapt-pth"], "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
-    Path(purelib, "kvcached_like.pth").write_text("import wrapt\n")
+    Path(purelib(found["wrapt-pth"]), "kvcached_like.pth").write_text("import wrapt\n")
+    for name, content in FLOORS.items() if floors else ():
+        Path(purelib(found[name]), "verl_npu_autopatch.pth").write_text(content)
     return found
+
+
+def purelib(python: Path) -> str:
+    """The site-packages directory of ``python``'s venv."""
+    return run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,13 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="interpreter with pip (its base makes the venvs)")
     parser.add_argument("--wheel", type=Path, help="the wheel (default: the newest in dist/)")
     parser.add_argument("--compare", type=Path, help="another wheel of the package, measured alongside")
+    parser.add_argument("--floors", action="store_true", help="also measure the floors under the .pth line")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     wheel = args.wheel or max((ROOT / "dist").rglob("verl_npu_autopatch-*.whl"), key=lambda p: p.stat().st_mtime)
     where = Path(tempfile.mkdtemp(prefix="vna-bench-startup-"))
     try:
-        pythons = make_venvs(args.python, wheel, where, args.compare)
+        pythons = make_venvs(args.python, wheel, where, args.compare, args.floors)
         env = clean_env()
 
         def wall(python: Path, *flags: str) -> tuple[float, float]:
