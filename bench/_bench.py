@@ -131,3 +131,8 @@ def report(title: str, tables: dict[str, list[dict[str, object]]], extra: dict[s
 def run(argv: Sequence[str], **kwargs: object) -> str:
     """Run a setup command, return its stdout."""
     return subprocess.run([str(a) for a in argv], check=True, capture_output=True, text=True, **kwargs).stdout
+
+
+def purelib(python: str | Path) -> Path:
+    """The site-packages directory of ``python``'s venv."""
+    return Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import ROOT, clean_env, interleave, report, run, summary
+from _bench import ROOT, clean_env, interleave, purelib, report, run, summary
 
 SITE_MAIN = "import os, time; import site; t = time.perf_counter(); site.main(); print(time.perf_counter() - t)"
 SHIPPED = (ROOT / "verl_npu_autopatch.pth").read_text()
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=120)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    purelib = Path(run([args.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
-    pth = purelib / "verl_npu_autopatch.pth"
+    pth = purelib(args.python) / "verl_npu_autopatch.pth"
     original = pth.read_text()
     env = clean_env()
 

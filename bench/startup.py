@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import ROOT, clean_env, interleave, report, run, spawn_timed, summary
+from _bench import ROOT, clean_env, interleave, purelib, report, run, spawn_timed, summary
 
 #: The autowrapt release the *autowrapt* venv installs.
 AUTOWRAPT = "autowrapt==2.0.0"
@@ -67,15 +67,10 @@ def make_venvs(
         run([*pip, found["compare"], "install", "-q", "--disable-pip-version-check", compare])
     run([*pip, found["wrapt-pth"], "install", "-q", "--disable-pip-version-check", "wrapt"])
     run([*pip, found["autowrapt"], "install", "-q", "--disable-pip-version-check", AUTOWRAPT])
-    Path(purelib(found["wrapt-pth"]), "kvcached_like.pth").write_text("import wrapt\n")
+    (purelib(found["wrapt-pth"]) / "kvcached_like.pth").write_text("import wrapt\n")
     for name, content in FLOORS.items() if floors else ():
-        Path(purelib(found[name]), "verl_npu_autopatch.pth").write_text(content)
+        (purelib(found[name]) / "verl_npu_autopatch.pth").write_text(content)
     return found
-
-
-def purelib(python: Path) -> str:
-    """The site-packages directory of ``python``'s venv."""
-    return run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
 
 
 def main(argv: list[str] | None = None) -> int:
