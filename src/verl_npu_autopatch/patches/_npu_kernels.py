@@ -133,14 +133,23 @@ def rotary(original: Callable, legacy_position_ids: bool) -> Callable:
 class GroupedMatmul(torch.autograd.Function):
     """``y[rows of group e] = x[rows of group e] @ weight[e]`` with ``npu_grouped_matmul``.
 
-    ``x``: ``[M, K]`` rows sorted by group; ``weight``: ``[E, K, N]``; ``counts``: ``[E]`` rows
+    ``x``: ``[M, K]`` rows sorted by group; ``weight``: ``[E, K, N]``; ``counts``: ``[E]`` int64 rows
     per group (``group_list_type=1``). Backward: ``dx`` is the same grouped matmul of ``dy`` with
     each ``weight[e]`` transposed; ``dweight[e] = x_e^T @ dy_e``, a grouped matmul split along K
     (``group_type=2``), zero for an empty group.
+
+    The calls mirror verl's hardware-validated ``NPUGmmFunction`` (``verl/models/transformers/
+    npu_patch.py``) and the torch_npu contract (``npu_grouped_matmul`` docs: "x不支持转置", x is never
+    transposed in the M split, "支持weight转置"; the K split reads x as ``[K, M]``, i.e. a transposed
+    view of a row-major ``[M, K]``, as the torch_npu 2.14 meta function says). So ``dx`` takes the
+    transposed *view* of the weight (no copy of every expert's weight at every backward) and
+    ``dweight`` the transposed *view* of ``x``: a contiguous copy would lose the transposition the
+    K split needs.
     """
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()  # row-major [M, K]: not transposed here, a transposed view in the K split
         ctx.save_for_backward(x, weight, counts)
         return npu().npu_grouped_matmul(
             [x], [weight], group_list=counts, split_item=2, group_type=0, group_list_type=1
@@ -149,20 +158,15 @@ class GroupedMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         x, weight, counts = ctx.saved_tensors
-        grad = grad.contiguous()
+        grad = grad.contiguous()  # dx's x and dweight's weight: neither may be transposed
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
             grad_x = npu().npu_grouped_matmul(
-                [grad],
-                [weight.transpose(1, 2).contiguous()],
-                group_list=counts,
-                split_item=2,
-                group_type=0,
-                group_list_type=1,
+                [grad], [weight.transpose(1, 2)], group_list=counts, split_item=2, group_type=0, group_list_type=1
             )[0]
         if ctx.needs_input_grad[1]:
             grad_w = npu().npu_grouped_matmul(
-                [x.t().contiguous()], [grad], group_list=counts, split_item=3, group_type=2, group_list_type=1
+                [x.transpose(0, 1)], [grad], group_list=counts, split_item=3, group_type=2, group_list_type=1
             )[0]
         return grad_x, grad_w, None
 
