@@ -12,56 +12,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PRESENT, builders, randomize, restored
+from conftest import PRESENT, VERL_OWNS, builders, randomize, restored
 
 from verl_npu_autopatch.patches import transformers_npu
 from verl_npu_autopatch.patching import describe, marked_by
 
 VERL = "verl.models.transformers.npu_patch"
-
-#: What verl 0.9.1's per-family functions assign, as (our kind -> verl's callable, and the
-#: enclosing block forward when verl takes the block our experts are only reached through).
-VERL_OWNS: dict[str, dict[str, tuple[str, str | None]]] = {
-    "qwen2": {
-        "rms_norm": ("rms_norm_forward_npu", None),
-        "mlp": ("silu_forward_npu", None),
-        "rotary": ("apply_rotary_pos_emb_npu", None),
-    },
-    "qwen2_5_vl": {"rms_norm": ("rms_norm_forward_npu", None), "vision_mlp": ("silu_forward_npu", None)},
-    "qwen3": {
-        "rms_norm": ("rms_norm_forward_npu", None),
-        "mlp": ("silu_forward_npu", None),
-        "rotary": ("apply_rotary_pos_emb_npu", None),
-    },
-    "qwen3_moe": {
-        "rms_norm": ("rms_norm_forward_npu", None),
-        "rotary": ("apply_rotary_pos_emb_npu", None),
-        "experts": ("qwen3_moe_sparse_moe_block_forward_npu", "Qwen3MoeSparseMoeBlock.forward"),
-    },
-    "qwen3_vl": {"rms_norm": ("rms_norm_forward_npu", None), "mlp": ("silu_forward_npu", None)},
-    "qwen3_vl_moe": {
-        "rms_norm": ("rms_norm_forward_npu", None),
-        "rotary": ("apply_rotary_pos_emb_npu", None),
-        "experts": ("NPUQwen3VLMoeTextSparseMoeBlock.forward", "Qwen3VLMoeTextSparseMoeBlock.forward"),
-    },
-    "qwen3_next": {
-        "rms_norm": ("qwen3_next_rms_norm_forward_npu", None),
-        "rms_norm_gated": ("qwen3_next_rms_norm_forward_gated_npu", None),
-        "rotary": ("qwen3_next_apply_rotary_pos_emb_npu", None),
-        "experts": ("qwen3_next_sparse_moe_block_forward_npu", "Qwen3NextSparseMoeBlock.forward"),
-    },
-    "qwen3_5": {
-        "rms_norm": ("qwen3_next_rms_norm_forward_npu", None),
-        "rms_norm_gated": ("qwen3_next_rms_norm_forward_gated_npu", None),
-        "rotary": ("qwen3_next_apply_rotary_pos_emb_npu", None),
-    },
-    "qwen3_5_moe": {
-        "rms_norm": ("qwen3_next_rms_norm_forward_npu", None),
-        "rms_norm_gated": ("qwen3_next_rms_norm_forward_gated_npu", None),
-        "rotary": ("qwen3_next_apply_rotary_pos_emb_npu", None),
-        "experts": ("qwen3_5_moe_experts_forward_npu", None),
-    },
-}
 
 
 def _live(target: str) -> Any:
