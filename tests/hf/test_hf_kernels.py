@@ -236,5 +236,6 @@ def test_one_kernel_table_serves_every_kind() -> None:
     assert listed == set(transformers_npu.KERNELS)
     for patch in transformers_npu.PATCHES:
         family, kind = patch.name.split(".")[1:]
-        assert patch.summary == f"{family}: {transformers_npu.KERNELS[kind].summary}"
+        kernel = transformers_npu.KERNELS[kind]
+        assert patch.summary == f"{family}: {kernel.summary} torch_npu calls as {kernel.mirrors}."
     assert liger.LIGER_SWITCH == {"rms_norm": "rms_norm", "mlp": "swiglu", "experts": "swiglu", "rotary": "rope"}

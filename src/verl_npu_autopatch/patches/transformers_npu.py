@@ -383,12 +383,15 @@ class Kernel:
     """One kernel kind. ``summary``: what the patch does (after the family name); ``probe(site,
     parameter names)``: what the fix needs to know about the live target, raising :class:`Unfit`
     when it does not look like code the kernel reproduces; ``build(site, found)``: installs the
-    kernel from what ``probe`` found and returns the undo; ``liger``: the Liger-Kernel switch of
-    ``apply_liger_kernel_to_<family>`` that replaces the same target (``None``: Liger has none)."""
+    kernel from what ``probe`` found and returns the undo; ``mirrors``: the hardware-run caller whose
+    torch_npu calls the kernel's equal (trace parity: tests/hf/test_hf_trace_parity.py), or what it
+    rests on where none exists; ``liger``: the Liger-Kernel switch of ``apply_liger_kernel_to_<family>``
+    that replaces the same target (``None``: Liger has none)."""
 
     summary: str
     probe: Callable[[Site, tuple[str, ...]], dict[str, Any]]
     build: Callable[[Site, dict[str, Any]], Undo]
+    mirrors: str
     liger: str | None = None
 
 
@@ -399,26 +402,33 @@ KERNELS: dict[str, Kernel] = {
         "RMSNorm via torch_npu.npu_rms_norm (plain or (1+w) offset, probed).",
         _probe_rms_norm,
         _replacing(lambda k, original, found: k.rms_norm(original, found["eps_attr"], found["offset"])),
+        "verl's rms_norm_forward_npu / qwen3_next_rms_norm_forward_npu",
         liger="rms_norm",
     ),
     "rms_norm_gated": Kernel(
         "Gated RMSNorm (norm, then silu(gate)) via torch_npu.npu_rms_norm.",
         _probe_rms_norm_gated,
         _replacing(lambda k, original, found: k.rms_norm_gated(original, found["eps_attr"])),
+        "verl's qwen3_next_rms_norm_forward_gated_npu",
     ),
     "mlp": Kernel(
         "SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
         _probe_mlp,
         _SWIGLU_MLP,
+        "verl's silu_forward_npu",
         liger="swiglu",
     ),
     "vision_mlp": Kernel(
-        "Vision SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).", _probe_mlp, _SWIGLU_MLP
+        "Vision SwiGLU MLP via torch_npu.npu_swiglu (only when the activation is SiLU).",
+        _probe_mlp,
+        _SWIGLU_MLP,
+        "verl's silu_forward_npu",
     ),
     "rotary": Kernel(
         "apply_rotary_pos_emb via torch_npu.npu_rotary_mul (full or partial rotary dim).",
         _probe_rotary,
         _replacing(lambda k, original, found: k.rotary(original, found["legacy_position_ids"])),
+        "verl's apply_rotary_pos_emb_npu / qwen3_next_apply_rotary_pos_emb_npu",
         liger="rope",
     ),
     "experts": Kernel(
@@ -427,6 +437,8 @@ KERNELS: dict[str, Kernel] = {
         "(eager/batched_mm/grouped_mm run upstream); 4.x: the sparse-MoE block forward.",
         _probe_experts,
         _build_experts,
+        "verl's NPUGmmFunction and permute/unpermute (qwen3_5_moe_experts_forward_npu), gate/up fused as verl "
+        "fuses them for Qwen3-VL-MoE and Qwen3.5-MoE; an empty expert's zero dW rests on the op definition alone",
         liger="swiglu",
     ),
 }
@@ -463,7 +475,7 @@ def family_patches(family: str, module: str | None = None) -> list[Patch]:
     return [
         Patch(
             name=patch_name(family, kind),
-            summary=f"{family}: {KERNELS[kind].summary}",
+            summary=f"{family}: {KERNELS[kind].summary} torch_npu calls as {KERNELS[kind].mirrors}.",
             reference=REFERENCE,
             groups=(GROUP, f"{GROUP}.{family}"),
             targets=tuple(Target(module, qualname) for qualname in variants),
