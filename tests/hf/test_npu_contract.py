@@ -115,6 +115,12 @@ def test_every_rule_has_a_breaking_call() -> None:
     assert set(BREAKERS) == set(npu_emulation.RULES)
 
 
+def test_the_contract_page_names_the_rule_count_and_both_releases() -> None:
+    page = (npu_contract.ROOT / "docs" / "device-contract.md").read_text(encoding="utf-8")
+    assert f"{len(npu_emulation.RULES)} of them" in page
+    assert all(f"**{release}**" in page for release in npu_contract.WHEELS)
+
+
 @pytest.mark.parametrize("rule", sorted(BREAKERS))
 def test_each_rule_fails_when_broken(npu: Any, monkeypatch: pytest.MonkeyPatch, rule: str) -> None:
     breaker = BREAKERS[rule]
