@@ -36,6 +36,11 @@ def test_committed_table_is_current(tables):
         "applies",
         "applies",  # the 0.30 variant: attention/indexer.py still passes unscaled weights
     ]
+    # 0.24 - 0.27: attention/indexer.py is a placeholder, sfa_v1 still unscaled; 0.28+: the backend
+    lines = ("0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1")
+    assert {indexer[v] for v in lines} == {"applies"}
+    camem = cells["ascend.camem_sleep_sync"]
+    assert [camem[v] for v in lines] == ["applies"] * 3 + ["fixed-upstream"] * 3  # 0.27.1rc1 syncs itself
     assert cells["ascend.routed_experts_capture"]["0.18.0"] == "gated"
     reasons = {name: {label: reason for label, (_, reason) in row.items()} for name, _, row in rows}
     assert "patch_routed_experts_capturer" in reasons["ascend.routed_experts_capture"]["0.18.0"]
@@ -61,10 +66,12 @@ def test_every_section_is_computed_from_real_releases(tables):
     vllm = script.VLLM.title
     assert list(cell[(vllm, "vllm.moe_weight_loader")]) == list(script.VLLM_VERSIONS)
     rotary = cell[(vllm, "vllm.rotary_flash_attn_guard")]
-    assert rotary["0.23.0"] == "applies" and rotary["0.33.0"] == "fixed-upstream"
+    assert rotary["0.23.0"] == "applies" and rotary["0.33.0"] == rotary["0.34.0"] == "fixed-upstream"
+    assert cell[(vllm, "vllm.moe_weight_loader")]["0.34.0"] == "applies"
     hf = script.TRANSFORMERS.title
     # 4.57.6: Qwen3VLMoeTextExperts.forward(hidden_states, routing_weights, router_indices) fails the probe
     assert cell[(hf, "transformers.qwen3_vl_moe.experts")]["5.24.0"] == "applies"
+    assert {states["5.25.0"] for (title, _), states in cell.items() if title == hf} == {"applies"}
     assert cell[(hf, "transformers.qwen3_5_moe.experts")]["4.57.6"] == "absent"  # no such family yet
     assert cell[(hf, "transformers.qwen2_5_vl.rms_norm")]["4.57.6"] == "applies"  # qwen2's, imported
     liger = script.LIGER.title
@@ -137,8 +144,8 @@ def test_latest_against_a_fake_newest_release_names_the_changed_cell(tables, tmp
     )
     assert script.latest([script.VLLM], tmp_path) == 1
     out = capsys.readouterr().out
-    assert "vllm: newest 9.9.9, table's newest 0.33.0: 1 changed cell(s)" in out
-    assert "vLLM 0.33.0 -> 9.9.9: `vllm.moe_weight_loader`: applies -> unsupported" in out
+    assert "vllm: newest 9.9.9, table's newest 0.34.0: 1 changed cell(s)" in out
+    assert "vLLM 0.34.0 -> 9.9.9: `vllm.moe_weight_loader`: applies -> unsupported" in out
     assert "rotary" not in out and "engine_partial_wake_up" not in out  # unchanged cells stay quiet
 
 
