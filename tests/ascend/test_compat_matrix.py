@@ -70,7 +70,10 @@ def test_every_section_is_computed_from_real_releases(tables):
     hf = script.TRANSFORMERS.title
     # 4.57.6: Qwen3VLMoeTextExperts.forward(hidden_states, routing_weights, router_indices) fails the probe
     assert cell[(hf, "transformers.qwen3_vl_moe.experts")]["5.24.0"] == "applies"
-    assert {states["5.25.0"] for (title, _), states in cell.items() if title == hf} == {"applies"}
+    kernels = {states["5.25.0"] for (title, name), states in cell.items() if title == hf and "deepstack" not in name}
+    assert kernels == {"applies"}
+    deepstack = cell[(hf, "transformers.qwen3_vl.deepstack_clone")]  # transformers#41535, in 5.0
+    assert deepstack == {"4.57.6": "applies", **dict.fromkeys(("5.9.0", "5.24.0", "5.25.0"), "fixed-upstream")}
     assert cell[(hf, "transformers.qwen3_5_moe.experts")]["4.57.6"] == "absent"  # no such family yet
     assert cell[(hf, "transformers.qwen2_5_vl.rms_norm")]["4.57.6"] == "applies"  # qwen2's, imported
     liger = script.LIGER.title
