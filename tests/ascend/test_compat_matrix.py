@@ -215,6 +215,17 @@ def test_newer_versions_are_every_release_after_the_column(monkeypatch):
     assert script.newer_versions("x", "0.9.1") == ["0.9.2", "0.10.0rc1", "0.10.0"]
 
 
+def test_a_newer_release_without_a_readable_file_fails_the_watch(monkeypatch, capsys):
+    script = upstream.matrix_script()
+    monkeypatch.setattr(script, "newer_versions", lambda project, than: ["9.9.9"])
+    monkeypatch.setattr(script, "index_json", lambda project: {"files": [], "versions": ["9.9.9"]})
+    (torch_npu,) = [s for s in script.WATCHED if s.project == "torch-npu"]
+    assert script.latest([torch_npu]) == 1
+    assert "torch-npu 9.9.9: cannot be read: no readable file of torch-npu 9.9.9 on the index" in (
+        capsys.readouterr().out
+    )
+
+
 def test_latest_is_quiet_when_no_release_is_newer_than_the_table(monkeypatch, capsys):
     script = upstream.matrix_script()
     monkeypatch.setattr(script, "newer_versions", lambda project, than: [])
