@@ -18,9 +18,8 @@ def test_committed_table_is_current(tables):
     script = upstream.matrix_script()
     committed = script.DOC.read_text(encoding="utf-8")
     runtime = script.compute_runtime()  # the tensordict / torch_npu / megatron-core section
-    assert script.render(tables) + script.render_runtime(runtime) == committed, (
-        "stale: run python3 scripts/compat-matrix --write"
-    )
+    document = script.render(tables) + script.render_runtime(runtime) + script.VERL.render()
+    assert document == committed, "stale: run python3 scripts/compat-matrix --write"
     rows = tables[script.ASCEND.title]
 
     cells = {name: {label: state for label, (state, _) in row.items()} for name, _, row in rows}
@@ -36,6 +35,11 @@ def test_committed_table_is_current(tables):
         "applies",
         "applies",  # the 0.30 variant: attention/indexer.py still passes unscaled weights
     ]
+    # 0.24 - 0.27: attention/indexer.py is a placeholder, sfa_v1 still unscaled; 0.28+: the backend
+    lines = ("0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1")
+    assert {indexer[v] for v in lines} == {"applies"}
+    camem = cells["ascend.camem_sleep_sync"]
+    assert [camem[v] for v in lines] == ["applies"] * 3 + ["fixed-upstream"] * 3  # 0.27.1rc1 syncs itself
     assert cells["ascend.routed_experts_capture"]["0.18.0"] == "gated"
     reasons = {name: {label: reason for label, (_, reason) in row.items()} for name, _, row in rows}
     assert "patch_routed_experts_capturer" in reasons["ascend.routed_experts_capture"]["0.18.0"]
@@ -61,10 +65,15 @@ def test_every_section_is_computed_from_real_releases(tables):
     vllm = script.VLLM.title
     assert list(cell[(vllm, "vllm.moe_weight_loader")]) == list(script.VLLM_VERSIONS)
     rotary = cell[(vllm, "vllm.rotary_flash_attn_guard")]
-    assert rotary["0.23.0"] == "applies" and rotary["0.33.0"] == "fixed-upstream"
+    assert rotary["0.23.0"] == "applies" and rotary["0.33.0"] == rotary["0.34.0"] == "fixed-upstream"
+    assert cell[(vllm, "vllm.moe_weight_loader")]["0.34.0"] == "applies"
     hf = script.TRANSFORMERS.title
     # 4.57.6: Qwen3VLMoeTextExperts.forward(hidden_states, routing_weights, router_indices) fails the probe
     assert cell[(hf, "transformers.qwen3_vl_moe.experts")]["5.24.0"] == "applies"
+    kernels = {states["5.25.0"] for (title, name), states in cell.items() if title == hf and "deepstack" not in name}
+    assert kernels == {"applies"}
+    deepstack = cell[(hf, "transformers.qwen3_vl.deepstack_clone")]  # transformers#41535, in 5.0
+    assert deepstack == {"4.57.6": "applies", **dict.fromkeys(("5.9.0", "5.24.0", "5.25.0"), "fixed-upstream")}
     assert cell[(hf, "transformers.qwen3_5_moe.experts")]["4.57.6"] == "absent"  # no such family yet
     assert cell[(hf, "transformers.qwen2_5_vl.rms_norm")]["4.57.6"] == "applies"  # qwen2's, imported
     liger = script.LIGER.title
@@ -99,54 +108,129 @@ def apply_liger_kernel_to_x(rope=True, swiglu=False, model=None):
     }
 
 
-def _fake_vllm_release(script, cache, version: str) -> None:
-    """A fake "newest" vLLM sdist in ``cache``: the real newest column's files, except that
-    ``RoutedExperts.weight_loader`` is renamed (the MoE patch's target disappears)."""
+def _fake_release(script, cache, base, source, version: str, edit=lambda name, data: data) -> None:
+    """A fake release ``version`` of ``base.project`` in ``cache``: the files the rules read, taken
+    from the real release ``source`` and passed through ``edit``; ``base`` (the section's newest
+    column, already downloaded by ``tables``) is linked in for the comparison."""
     import hashlib
     import io
     import os
     import tarfile
+    import zipfile
 
-    base = script.VLLM.columns[-1]
     files = cache / "files"
-    files.mkdir(parents=True)
-    for suffix in ("", ".sha256"):  # the real newest release, for the comparison
-        os.link(script.CACHE / "files" / (base.filename + suffix), files / (base.filename + suffix))
-    root = script.extract(base, script.read_files("vllm"))
-    fake = files / f"vllm-{version}.tar.gz"
-    with tarfile.open(fake, "w:gz") as tar:
-        for name in script.read_files("vllm"):
-            data = (root / name).read_bytes()
-            if name.endswith("fused_moe/routed_experts.py"):
-                assert b"def weight_loader(" in data
-                data = data.replace(b"def weight_loader(", b"def load_expert_weight(")
-            info = tarfile.TarInfo(f"vllm-{version}/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    files.mkdir(parents=True, exist_ok=True)
+    script.download(base)
+    for suffix in ("", ".sha256"):
+        if not (files / (base.filename + suffix)).exists():
+            os.link(script.CACHE / "files" / (base.filename + suffix), files / (base.filename + suffix))
+    package = {"vllm": "vllm", "megatron-core": "megatron"}[base.project]
+    names = script.read_files(package)
+    root = script.extract(source, names)
+    stem = f"{base.project.replace('-', '_')}-{version}"
+    fake = files / (f"{stem}.tar.gz" if source.sdist else f"{stem}-py3-none-any.whl")
+    if source.sdist:
+        with tarfile.open(fake, "w:gz") as tar:
+            for name in names:
+                data = edit(name, (root / name).read_bytes())
+                info = tarfile.TarInfo(f"{stem}/{name}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    else:
+        with zipfile.ZipFile(fake, "w") as wheel:
+            for name in names:
+                if (root / name).is_file():
+                    wheel.writestr(name, edit(name, (root / name).read_bytes()))
     fake.with_name(fake.name + ".sha256").write_text(hashlib.sha256(fake.read_bytes()).hexdigest() + "\n")
 
 
-def test_latest_against_a_fake_newest_release_names_the_changed_cell(tables, tmp_path, monkeypatch, capsys):
-    script = upstream.matrix_script()  # `tables`: the real newest column is downloaded (cached)
-    _fake_vllm_release(script, tmp_path, "9.9.9")
-    monkeypatch.setattr(script, "newest_version", lambda project: "9.9.9")
+def _rename_weight_loader(name: str, data: bytes) -> bytes:
+    """``RoutedExperts.weight_loader`` renamed: the MoE patch's target disappears."""
+    if name.endswith("fused_moe/routed_experts.py"):
+        assert b"def weight_loader(" in data
+        return data.replace(b"def weight_loader(", b"def load_expert_weight(")
+    return data
+
+
+def _fake_index(script, monkeypatch, newer: list[str], suffix: str) -> None:
+    """The index answers ``newer`` as the releases after every section's newest column, each a
+    file named like the fakes of :func:`_fake_release`."""
+    monkeypatch.setattr(script, "newer_versions", lambda project, than: list(newer))
     monkeypatch.setattr(
         script,
         "index_artifact",
-        lambda project, version, prefer: script.Artifact(project, version, f"vllm-{version}.tar.gz"),
+        lambda project, version, prefer: script.Artifact(
+            project, version, f"{project.replace('-', '_')}-{version}{suffix}"
+        ),
     )
+
+
+def test_latest_checks_every_newer_release_and_names_the_changed_cell(tables, tmp_path, monkeypatch, capsys):
+    script = upstream.matrix_script()  # `tables`: the real newest column is downloaded (cached)
+    newest = script.VLLM.columns[-1]
+    _fake_release(script, tmp_path, newest, newest, "9.9.8")  # the same code: no change
+    _fake_release(script, tmp_path, newest, newest, "9.9.9", _rename_weight_loader)
+    _fake_index(script, monkeypatch, ["9.9.8", "9.9.9"], ".tar.gz")
     assert script.latest([script.VLLM], tmp_path) == 1
     out = capsys.readouterr().out
-    assert "vllm: newest 9.9.9, table's newest 0.33.0: 1 changed cell(s)" in out
-    assert "vLLM 0.33.0 -> 9.9.9: `vllm.moe_weight_loader`: applies -> unsupported" in out
+    assert "vllm: table's newest 0.34.0; newer on the index: 9.9.8, 9.9.9: 1 change(s)" in out
+    assert "vLLM 0.34.0 -> 9.9.9: `vllm.moe_weight_loader`: applies -> unsupported" in out
+    assert "-> 9.9.8" not in out  # checked, unchanged
     assert "rotary" not in out and "engine_partial_wake_up" not in out  # unchanged cells stay quiet
 
 
-def test_latest_is_quiet_when_the_newest_release_is_the_table_column(monkeypatch, capsys):
+def test_latest_watches_the_runtime_projects_as_sections(tables, tmp_path, monkeypatch, capsys):
+    """megatron-core is watched like vLLM: a "newer" release carrying 0.16.1's GPTModel._postprocess
+    (before the upstream fix) turns the newest column's fixed-upstream into applies."""
     script = upstream.matrix_script()
-    monkeypatch.setattr(script, "newest_version", lambda project: script.VLLM.columns[-1].version)
+    (megatron,) = [s for s in script.WATCHED if s.project == "megatron-core"]
+    old = next(a for a in megatron.columns if a.version == "0.16.1")
+    _fake_release(script, tmp_path, megatron.columns[-1], old, "9.9.9")
+    _fake_index(script, monkeypatch, ["9.9.9"], "-py3-none-any.whl")
+    assert script.latest([megatron], tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "megatron-core 0.19.2 -> 9.9.9: `megatron.mtp_postprocess`: fixed-upstream -> applies" in out
+
+
+def test_every_section_is_watched():
+    script = upstream.matrix_script()
+    projects = [s.project for s in script.WATCHED]
+    assert projects == [
+        "vllm-ascend",
+        "vllm",
+        "transformers",
+        "liger-kernel",
+        "tensordict",
+        "torch-npu",
+        "megatron-core",
+        "verl",
+    ]
+    assert all(s.columns for s in script.WATCHED)
+
+
+def test_newer_versions_are_every_release_after_the_column(monkeypatch):
+    script = upstream.matrix_script()
+    versions = ["0.9.1", "0.10.0rc1", "0.8.0", "0.10.0", "0.10.1.dev3", "0.9.2"]
+    monkeypatch.setattr(script, "index_json", lambda project: {"versions": versions})
+    assert script.newer_versions("x", "0.9.1") == ["0.9.2", "0.10.0rc1", "0.10.0"]
+
+
+def test_a_newer_release_without_a_readable_file_fails_the_watch(monkeypatch, capsys):
+    script = upstream.matrix_script()
+    monkeypatch.setattr(script, "newer_versions", lambda project, than: ["9.9.9"])
+    monkeypatch.setattr(script, "index_json", lambda project: {"files": [], "versions": ["9.9.9"]})
+    (torch_npu,) = [s for s in script.WATCHED if s.project == "torch-npu"]
+    assert script.latest([torch_npu]) == 1
+    assert "torch-npu 9.9.9: cannot be read: no readable file of torch-npu 9.9.9 on the index" in (
+        capsys.readouterr().out
+    )
+
+
+def test_latest_is_quiet_when_no_release_is_newer_than_the_table(monkeypatch, capsys):
+    script = upstream.matrix_script()
+    monkeypatch.setattr(script, "newer_versions", lambda project, than: [])
     assert script.latest([script.VLLM]) == 0
-    assert "no change" in capsys.readouterr().out
+    assert "newer on the index: none: no change" in capsys.readouterr().out
 
 
 def test_runtime_fix_rows_decide_from_the_real_release_sources():

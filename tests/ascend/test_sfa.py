@@ -190,10 +190,12 @@ def test_revert_restores_method_and_module_global(sfa):
 
 
 # ----------------------------------------------------------------------------- indexer scale
-def run_indexer(sfa) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the release's ``AscendSFAImpl.indexer_select_post_process``; return (raw head weights,
-    weights the lightning indexer received)."""
+def run_indexer(sfa, **attributes: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the release's ``AscendSFAImpl.indexer_select_post_process`` (on an impl with
+    ``attributes`` besides the usual ones); return (raw head weights, weights the lightning indexer
+    received)."""
     impl = make_impl(sfa)
+    vars(impl).update(attributes)
     tokens = 3
     kw = torch.randn(tokens, HEAD_DIM + N_HEAD)
     impl.wk_weights_proj = lambda x: (kw, None)
@@ -427,3 +429,47 @@ def test_kv_b_proj_fix_steps_aside_when_the_layer_keeps_it_itself(sfa):
     FORMAT_HOOK.append(lambda: sfa.dispose_layer(other))
     impl.process_weights_after_loading(torch.bfloat16)  # 0.23 has no such flag: it disposes
     assert impl.kv_b_proj.weight.numel() == 0
+
+
+# ----------------------------------------------------------------------------- 0.24 - 0.27: indexer.py placeholder
+PLACEHOLDER_RELEASES = ("0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1")
+
+
+@pytest.mark.parametrize("label", PLACEHOLDER_RELEASES)
+def test_placeholder_indexer_module_is_not_taken_for_the_backend(releases, label):
+    """0.24 - 0.27 ship an ``attention/indexer.py`` that is only a cache-layer backend; the static
+    rule decides on sfa_v1's unscaled ``AscendSFAImpl.indexer_select_post_process`` there."""
+    from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+
+    script = upstream.matrix_script()
+    root, vllm_root = releases[label]
+    placeholder = (root / "vllm_ascend/attention/indexer.py").read_text(encoding="utf-8")
+    assert "class AscendSFAIndexerBackend" in placeholder and "DeviceOperator" not in placeholder
+    tree = UpstreamTree((root, vllm_root), {"vllm-ascend": label, "vllm": script._paired_vllm(label)})
+    assert tree.module(INDEXER).code("AscendSFAIndexerBackend.forward") is None
+    impl = tree.code(NAME, "AscendSFAImpl.indexer_select_post_process")
+    assert impl.has("weights=kw[:,self.head_dim:]", "DeviceOperator.indexer_select_post_process(")
+    state, reason = script.decide(SCALE[0], tree)
+    assert state == "applies" and "placeholder" in reason
+
+
+def test_placeholder_indexer_release_is_patched_on_sfa_v1(releases, npu):
+    """0.24.0rc1 live: the placeholder ``vllm_ascend.attention.indexer`` (its own classes) is
+    imported next to sfa_v1; the fix lands on sfa_v1's DeviceOperator and scales the weights."""
+    root = releases["0.24.0rc1"][0]
+    placeholder = upstream.load_subset(
+        root / "vllm_ascend/attention/indexer.py",
+        INDEXER,
+        {"AscendSFAIndexerBackend": ("get_name",), "AscendSFAIndexerMetadataBuilder": ("build",)},
+    )
+    module = build_sfa(root)
+    with doubles.modules({INDEXER: placeholder, NAME: module}):
+        engine = upstream.run_engine(SCALE, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+        record = engine.report()["ascend.sfa_indexer_scale"]
+        assert record.state == "applied", record.reason
+        assert record.target == f"{NAME}:DeviceOperator.indexer_select_post_process"
+        raw, received = run_indexer(module, use_sparse_c8_indexer=False)
+        torch.testing.assert_close(received, raw / (N_HEAD**0.5 * HEAD_DIM**0.5))
+        engine.revert()
+        raw, received = run_indexer(module, use_sparse_c8_indexer=False)
+        assert torch.equal(received, raw)

@@ -27,6 +27,7 @@ BUILTIN = (
     "vllm_moe",
     "vllm_rotary",
     "transformers_npu",
+    "transformers_deepstack",
     "liger",
     "ascend_glm52",
     "ascend_camem",

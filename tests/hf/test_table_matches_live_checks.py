@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from matrix import live_sites, matrix_script
 
-from verl_npu_autopatch.patches import transformers_npu
+from verl_npu_autopatch.patches import transformers_deepstack, transformers_npu
 from verl_npu_autopatch.patches._fingerprints import ModuleSource
 
 STATE = {"apply": "applies"}
@@ -49,7 +49,7 @@ def test_transformers_column_matches_the_live_checks(script):
     except OSError as exc:  # only when PyPI truly cannot be reached
         pytest.skip(f"cannot download the transformers releases of the table from PyPI: {exc}")
     table = {name: cells[version][0] for name, _, cells in rows}
-    live = {patch.name: live_state(patch) for patch in transformers_npu.PATCHES}
+    live = {patch.name: live_state(patch) for patch in [*transformers_npu.PATCHES, *transformers_deepstack.PATCHES]}
     assert live == table
     assert "applies" in set(live.values())
 

@@ -30,6 +30,13 @@
   query was quantized). Not covered, as before: paths that bypass ``DeviceOperator`` (the KV-offload
   ``topk_selector``, which already receives raw weights, and context-parallel SFA).
 
+  Which variant is decided by what the code holds, not by which module exists: vllm-ascend 0.24 -
+  0.27 already ship an ``attention/indexer.py``, but there it is an 85-93 line cache-layer
+  placeholder backend (no ``DeviceOperator``, no ``forward``), and the unscaled code is still
+  ``AscendSFAImpl.indexer_select_post_process`` in sfa_v1. Live, the indexer variant resolves only
+  where that module has ``DeviceOperator``, and a variant whose check says unsupported hands over
+  to the next; the static rule follows the same order (``_static_indexer``).
+
 Each patch's decision is a pure rule over :class:`~._fingerprints.Code` values, used by ``check`` on the
 live target and by ``scripts/compat-matrix`` (the patch's ``static`` rule) on a release's source.
 
@@ -332,22 +339,60 @@ def _fix_indexer(site: Site) -> Undo:
     return replace_method(site.owner, site.attribute, make, site.patch.name)
 
 
+PLACEHOLDER_NOTE = (
+    "attention/indexer.py here is a cache-layer placeholder (no AscendSFAIndexerBackend.forward); "
+    "the unscaled weights are AscendSFAImpl.indexer_select_post_process's, in sfa_v1"
+)
+
+
 def _static_indexer(tree: UpstreamTree) -> Verdict:
-    indexer = tree.module(INDEXER)
-    if indexer is not None:
-        return _static_device_classes(
-            tree,
-            indexer,
-            f"{INDEXER}:DeviceOperator.indexer_select_post_process",
-            lambda code: indexer_backend_rule(
-                code, indexer.code("AscendSFAIndexerBackend.forward"), indexer.code("AscendSFAIndexerBackend.forward_k")
-            ),
+    """The engine's variant order on the release's source: a variant counts only where its module
+    holds the unscaled code the fix is for, and one whose rule says unsupported hands over to the
+    next, as ``_pipeline.run`` does. vllm-ascend 0.24 - 0.27 ship an ``attention/indexer.py`` that
+    is only a cache-layer placeholder (no ``DeviceOperator``, no ``AscendSFAIndexerBackend.forward``):
+    there the unscaled code is still ``AscendSFAImpl.indexer_select_post_process`` in sfa_v1."""
+    passed: list[str] = []
+    notes: list[str] = []
+    for variant in (_static_backend_variant, _static_sfa_variant):
+        verdict = variant(tree)
+        if verdict is None:
+            if variant is _static_backend_variant and tree.has_module(INDEXER):
+                notes.append(PLACEHOLDER_NOTE)
+            continue
+        if verdict.action != "unsupported":
+            return Verdict(verdict.action, "; ".join(r for r in (verdict.reason, *notes) if r))
+        passed.append(verdict.reason)
+    if not passed:
+        return unsupported(
+            f"{INDEXER}:AscendSFAIndexerBackend.forward or {SFA}:AscendSFAImpl.indexer_select_post_process",
+            "neither",
         )
+    return Verdict("unsupported", " | ".join(passed))
+
+
+def _static_backend_variant(tree: UpstreamTree) -> Verdict | None:
+    """0.28+: ``attention/indexer.py`` with the standard backend's forward (``None``: the module is
+    absent or a placeholder without it)."""
+    indexer = tree.module(INDEXER)
+    forward = indexer.code("AscendSFAIndexerBackend.forward") if indexer else None
+    if indexer is None or forward is None or not indexer.imports_from(DEVICE_OP, "DeviceOperator"):
+        return None
+    return _static_device_classes(
+        tree,
+        indexer,
+        f"{INDEXER}:DeviceOperator.indexer_select_post_process",
+        lambda code: indexer_backend_rule(code, forward, indexer.code("AscendSFAIndexerBackend.forward_k")),
+    )
+
+
+def _static_sfa_variant(tree: UpstreamTree) -> Verdict | None:
+    """0.21 - 0.27: ``AscendSFAImpl.indexer_select_post_process`` in sfa_v1 (``None``: no sfa_v1,
+    or it no longer defines that method)."""
     sfa = tree.module(SFA)
+    impl = sfa.code("AscendSFAImpl.indexer_select_post_process") if sfa else None
+    if sfa is None or impl is None:
+        return None
     target = f"{SFA}:DeviceOperator.indexer_select_post_process"
-    if sfa is None:
-        return unsupported(target, f"{SFA} is missing")
-    impl = sfa.code("AscendSFAImpl.indexer_select_post_process")
     return _static_device_classes(tree, sfa, target, lambda code: indexer_rule(code, impl))
 
 
