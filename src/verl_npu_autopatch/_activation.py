@@ -55,7 +55,8 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
 def exec_module(loader: "Any", module: "ModuleType") -> None:
     """``exec_module`` of an activating loader on a host that is not inert: activate the engine
     (or wait for an activation under way in another thread), run the real loader, then let the
-    engine patch the module itself (wrapt never saw this import)."""
+    engine patch the module itself (wrapt never saw this import). If the module raises, the
+    engine hooks its next import, and this frame leaves the traceback (3.11+)."""
     module.__loader__ = loader.loader
     if getattr(module, "__spec__", None) is not None:
         module.__spec__.loader = loader.loader
@@ -69,7 +70,16 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
             raise
         engine = None
         stop_observing()  # e.g. an unimportable engine: do not hold other imports up
-    loader.loader.exec_module(module)
+    try:
+        loader.loader.exec_module(module)
+    except BaseException as exc:  # the import fails: a retry must still be patched
+        if engine is not None:
+            try:
+                engine.engine().module_failed(module)
+            except Exception:
+                pass
+        startup.unframed(exc, exec_module.__code__)
+        raise
     if engine is not None:
         try:
             engine.engine().module_loaded(module)

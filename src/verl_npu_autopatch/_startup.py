@@ -198,14 +198,29 @@ class ActivatingLoader:
         return create(spec) if create is not None else None
 
     def exec_module(self, module):
-        if self.inert or self.broken:
-            module.__loader__ = self.loader
-            if getattr(module, "__spec__", None) is not None:
-                module.__spec__.loader = self.loader
-            return self.loader.exec_module(module)
-        from verl_npu_autopatch import _activation
+        """Run the real loader (through ``_activation`` unless inert or broken). If the package
+        raises, this frame leaves the traceback (3.11+; the exception is unchanged)."""
+        try:
+            if self.inert or self.broken:
+                module.__loader__ = self.loader
+                if getattr(module, "__spec__", None) is not None:
+                    module.__spec__.loader = self.loader
+                return self.loader.exec_module(module)
+            from verl_npu_autopatch import _activation
 
-        return _activation.exec_module(self, module)
+            return _activation.exec_module(self, module)
+        except BaseException as exc:
+            unframed(exc, ActivatingLoader.exec_module.__code__)
+            raise
+
+
+def unframed(exc, code):
+    """Take the frame running ``code`` off the head of ``exc``'s traceback, so that a failing
+    upstream import shows only its own frames; a bare ``raise`` after it keeps the rest of the
+    exception as it is (Python 3.10 re-raises the traceback it caught, frame included)."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code is code:
+        exc.__traceback__ = tb.tb_next
 
 
 def installed_observer():

@@ -232,13 +232,36 @@ class Engine(Installed):
             self._deferred.discard(module.__name__)
         self._on_import(module)
 
+    def module_failed(self, module: ModuleType) -> None:
+        """A target module deferred at hook registration raised while executing (its import
+        fails, and may be retried): hook its next import, as if it had never been imported."""
+        name = module.__name__
+        with self._lock:
+            if name not in self._deferred:
+                return
+            self._deferred.discard(name)
+        if sys.modules.get(name) is module:
+            del sys.modules[name]  # as the import system does next; wrapt hooks only what is not loaded
+        self._hook_later([name])
+
+    def _hook_later(self, names: list[str]) -> None:
+        """Post-import hooks on deferred modules whose import failed (no longer in ``sys.modules``)."""
+        import wrapt
+
+        for name in names:
+            _logging.logger().debug("post-import hook on %s (its import failed)", name)
+            wrapt.register_post_import_hook(self._on_import, name)
+
     def _catch_up(self) -> None:
-        """Apply patches on deferred modules that have finished executing since."""
+        """Apply patches on deferred modules that have finished executing since, and hook those
+        whose import failed meanwhile."""
         from verl_npu_autopatch._resolution import initializing
 
         with self._lock:
             ready = [m for m in self._deferred if m in sys.modules and not initializing(sys.modules[m])]
-            self._deferred.difference_update(ready)
+            failed = [m for m in self._deferred if m not in sys.modules]
+            self._deferred.difference_update(ready + failed)
+        self._hook_later(failed)
         for name in ready:
             self._on_import(sys.modules[name])
 

@@ -1,0 +1,60 @@
+"""Round 3 of the fault matrix (issue 22): activation and first imports interrupted, failing,
+forked, chained through another finder or run in a sub-interpreter, in real child interpreters
+(venvs with the built wheel and the fixture packages). ``docs/reliability.md`` names each case.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.children import run_json
+
+NPU = {"VERL_NPU_AUTOPATCH_DEVICE": "npu"}
+
+
+def test_retried_first_import_is_patched(base_python: Path) -> None:
+    # the watched package's first import raises (a transient error) while its own module is a
+    # target; the retry must load patched without any other target import to rescue it
+    code = """
+import json
+try:
+    import vllm
+    first = "imported"
+except ImportError as exc:
+    first = str(exc)
+import vllm, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([first, vllm.Engine().run(), r.status, r["fixture.trigger"].state]))
+"""
+    first, ran, status, state = run_json(base_python, code, env={**NPU, "AUTOPATCH_FIXTURE_FLAKY": "1"})
+    assert "transient failure" in first
+    assert (ran, status, state) == ("patched:upstream", "active", "applied")
+
+
+FAILING = """
+import json, sys, traceback
+try:
+    import megatron
+except ValueError as exc:
+    frames = [(f.filename, f.name, f.lineno) for f in traceback.extract_tb(exc.__traceback__)]
+    print(json.dumps([sys.version_info[:2] >= (3, 11), repr(exc), exc.__cause__, exc.__context__, frames]))
+"""
+
+
+@pytest.mark.parametrize("host", ["inert", "active"])
+def test_failing_first_import_shows_only_upstream_frames(tmp_path: Path, any_python: Path, host: str) -> None:
+    # a watched package whose body raises: the same exception as without the package, and (3.11+)
+    # the same traceback. Python 3.10 re-raises the traceback it caught, with our frames, and
+    # then keeps the import system's frames in front of them too: the upstream frames are the same
+    (tmp_path / "megatron").mkdir()
+    (tmp_path / "megatron" / "__init__.py").write_text("raise ValueError('upstream bug')\n")
+    path = {"PYTHONPATH": str(tmp_path)}
+    without = run_json(any_python, FAILING, env={**path, "VERL_NPU_AUTOPATCH": "0"})
+    seen = run_json(any_python, FAILING, env={**path, **(NPU if host == "active" else {})})
+    assert seen[:4] == without[:4] == [seen[0], "ValueError('upstream bug')", None, None]
+    if seen[0]:  # 3.11+
+        assert seen[4] == without[4]
+    else:
+        upstream = [f for f in seen[4] if not f[0].startswith("<frozen") and "verl_npu_autopatch" not in f[0]]
+        assert upstream == [f for f in without[4] if not f[0].startswith("<frozen")]
