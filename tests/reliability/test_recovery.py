@@ -32,6 +32,67 @@ print(json.dumps([first, vllm.Engine().run(), r.status, r["fixture.trigger"].sta
     assert (ran, status, state) == ("patched:upstream", "active", "applied")
 
 
+@pytest.mark.parametrize("again", ["import", "activate"])
+def test_keyboard_interrupt_during_activation(base_python: Path, again: str) -> None:
+    # Ctrl-C while the first watched import activates: the KeyboardInterrupt reaches the user and
+    # a later watched import, or activate(), activates again
+    code = f"""
+import json
+try:
+    import vllm.model
+    first = "imported"
+except KeyboardInterrupt:
+    first = "interrupted"
+import verl_npu_autopatch
+between = verl_npu_autopatch.report().status
+if {again!r} == "activate":
+    verl_npu_autopatch.activate()
+import vllm, vllm.model
+r = verl_npu_autopatch.report()
+print(json.dumps([first, between, vllm.model.Layer().forward(1), vllm.Engine().run(), r.status,
+                  r["fixture.forward"].state, r["fixture.trigger"].state]))
+"""
+    seen = run_json(base_python, code, env={**NPU, "AUTOPATCH_FIXTURE_LOAD": "interrupt"})
+    assert seen == ["interrupted", "not-activated", 12, "patched:upstream", "active", "applied", "applied"]
+
+
+def test_fork_while_another_thread_activates(tmp_path: Path, base_python: Path) -> None:
+    # the child of a fork made while another thread activates: nothing held, no lock inherited;
+    # it imports at once and activates by itself
+    gate = tmp_path / "gate"
+    code = f"""
+import importlib.util, json, os, threading, time
+import verl_npu_autopatch
+from verl_npu_autopatch import engine
+from verl_npu_autopatch._config import startup
+worker = threading.Thread(target=__import__, args=("vllm.model",))
+worker.start()
+while not os.path.exists({str(gate)!r} + ".waiting"):  # activating: the plugin's load waits for the gate
+    time.sleep(0.001)
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    del os.environ["AUTOPATCH_FIXTURE_LOAD_GATE"]
+    spec = importlib.util.find_spec("autopatch_target")
+    seen = [engine.engine().status, startup.find_spec is startup.observe, type(spec.loader).__name__]
+    if seen[:2] == ["not-activated", True]:  # else the imports below would wait 300 s
+        import autopatch_target
+        verl_npu_autopatch.activate()
+        seen += [verl_npu_autopatch.report().status, autopatch_target.Thing().hello()]
+    os.write(write, json.dumps(seen).encode())
+    os._exit(0)
+open({str(gate)!r}, "w").close()
+worker.join()
+os.waitpid(pid, 0)
+import vllm.model
+child = json.loads(os.read(read, 65536).decode())
+print(json.dumps([child, verl_npu_autopatch.report().status, vllm.model.Layer().forward(1)]))
+"""
+    child, parent, forward = run_json(base_python, code, env={**NPU, "AUTOPATCH_FIXTURE_LOAD_GATE": str(gate)})
+    assert child == ["not-activated", True, "SourceFileLoader", "active", "patched:upstream"]
+    assert (parent, forward) == ("active", 12)
+
+
 FAILING = """
 import json, sys, traceback
 try:
