@@ -143,8 +143,12 @@ def activating(spec, waits_for):
 
 
 def real_spec(fullname, path, target):
-    """The spec the other finders on ``sys.meta_path`` give ``fullname``."""
-    for finder in list(sys.meta_path):
+    """The spec the finders after the start-up hook on ``sys.meta_path`` give ``fullname``.
+    Those in front of it were asked already; one of them that asks the finders after itself
+    (APM agents, coverage tools) would ask the hook again, without end."""
+    finders = list(sys.meta_path)
+    first = next((index for index, finder in enumerate(finders) if is_hook(finder)), -1)
+    for finder in finders[first + 1 :]:
         find = getattr(finder, "find_spec", None)
         if find is None or is_hook(finder):
             continue

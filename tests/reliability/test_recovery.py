@@ -5,10 +5,11 @@ forked, chained through another finder or run in a sub-interpreter, in real chil
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from support.children import run_json
+from support.children import run, run_json
 
 NPU = {"VERL_NPU_AUTOPATCH_DEVICE": "npu"}
 
@@ -119,3 +120,50 @@ def test_failing_first_import_shows_only_upstream_frames(tmp_path: Path, any_pyt
     else:
         upstream = [f for f in seen[4] if not f[0].startswith("<frozen") and "verl_npu_autopatch" not in f[0]]
         assert upstream == [f for f in without[4] if not f[0].startswith("<frozen")]
+
+
+#: A finder that asks the finders after itself and wraps their loader, as APM agents and coverage
+#: tools do; put first on ``sys.meta_path``, in front of the start-up hook.
+CHAINING = """
+import sys
+
+class Wrapped:
+    def __init__(self, loader):
+        self.loader = loader
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+    def exec_module(self, module):
+        Chaining.loaded.append(module.__name__)
+        return self.loader.exec_module(module)
+
+class Chaining:
+    loaded = []
+    def find_spec(self, name, path=None, target=None):
+        for finder in sys.meta_path[sys.meta_path.index(self) + 1:]:
+            find = getattr(finder, "find_spec", None)
+            spec = None if find is None else find(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = Wrapped(spec.loader)
+                return spec
+        return None
+
+sys.meta_path.insert(0, Chaining())
+"""
+
+
+def test_chaining_finder_in_front(base_python: Path) -> None:
+    code = (
+        CHAINING
+        + """
+import json, vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.model.Layer().forward(1), r.status, r["fixture.forward"].state,
+                  [m for m in Chaining.loaded if m.startswith("vllm")]]))
+"""
+    )
+    proc = run(base_python, code, env=NPU)
+    assert proc.stderr == ""
+    assert json.loads(proc.stdout.splitlines()[-1]) == [12, "active", "applied", ["vllm", "vllm.model"]]
