@@ -167,3 +167,40 @@ print(json.dumps([vllm.model.Layer().forward(1), r.status, r["fixture.forward"].
     proc = run(base_python, code, env=NPU)
     assert proc.stderr == ""
     assert json.loads(proc.stdout.splitlines()[-1]) == [12, "active", "applied", ["vllm", "vllm.model"]]
+
+
+#: Runs ``CODE`` in an isolated sub-interpreter (the module's name differs per version).
+SUBINTERPRETER = """
+import json, sys
+try:
+    import _interpreters as interpreters  # 3.13+
+    ident = interpreters.create(interpreters.new_config("isolated"))
+    run = interpreters.exec
+except ImportError:
+    import _xxsubinterpreters as interpreters  # 3.10-3.12
+    ident = interpreters.create(isolated=True)
+    run = interpreters.run_string
+failure = run(ident, CODE)
+interpreters.destroy(ident)
+print(json.dumps({"failure": repr(failure)}))
+"""
+
+INSIDE = """
+import json, sys
+import vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([r.status, r.reason, vllm.model.Layer().forward(1), "wrapt" in sys.modules]), flush=True)
+"""
+
+
+def test_isolated_subinterpreter_stays_inert(any_python: Path) -> None:
+    probe = "import importlib.util as u; print(bool(u.find_spec('_interpreters') or u.find_spec('_xxsubinterpreters')))"
+    if run(any_python, probe, fixtures=False).stdout.strip() != "True":
+        pytest.skip("this Python has neither _interpreters nor _xxsubinterpreters")
+    proc = run(any_python, SUBINTERPRETER.replace("CODE", repr(INSIDE)), env=NPU, check=False)
+    assert proc.returncode == 0, proc.stderr  # was 134 (abort at exit) on 3.12
+    inside, after = (json.loads(line) for line in proc.stdout.splitlines()[-2:])
+    status, reason, forward, wrapt = inside
+    assert (status, forward, wrapt) == ("inactive", 2, False)
+    assert "sub-interpreter" in reason
+    assert after == {"failure": "None"}
