@@ -204,3 +204,30 @@ def test_isolated_subinterpreter_stays_inert(any_python: Path) -> None:
     assert (status, forward, wrapt) == ("inactive", 2, False)
     assert "sub-interpreter" in reason
     assert after == {"failure": "None"}
+
+
+def test_huge_values_give_short_warnings(base_python: Path) -> None:
+    # a 100 kB value and 12,000 unknown names: a few short lines, each naming its variable
+    env = {
+        **NPU,
+        "VERL_NPU_AUTOPATCH_STRICT": "x" * 100_000,
+        "VERL_NPU_AUTOPATCH_ENABLE": ",".join(f"n{i:05}" for i in range(12_000)),
+    }
+    code = """
+import json, vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([r.status, vllm.model.Layer().forward(1), r.warnings]))
+"""
+    proc = run(base_python, code, env=env)
+    status, forward, warnings = json.loads(proc.stdout.splitlines()[-1])
+    assert (status, forward) == ("active", 12)
+    assert all(len(w) < 300 for w in warnings) and len(warnings) == 5
+    assert warnings[0].startswith("VERL_NPU_AUTOPATCH_STRICT='xxx") and "(100,000 characters)" in warnings[0]
+    assert "accepted values: 0 (default) / 1" in warnings[0]
+    assert [w.split(";")[0] for w in warnings[1:]] == [
+        "VERL_NPU_AUTOPATCH_ENABLE: unknown patch or group 'n00000'",
+        "VERL_NPU_AUTOPATCH_ENABLE: unknown patch or group 'n00001'",
+        "VERL_NPU_AUTOPATCH_ENABLE: unknown patch or group 'n00002'",
+        "VERL_NPU_AUTOPATCH_ENABLE: 11,997 more unknown patch or group names",
+    ]
+    assert len(proc.stderr) < 2_000 and proc.stderr.count("\n") == 5  # logged once each
