@@ -43,10 +43,11 @@ trigger = ""
 
 #: The observer's work in this process is over: it left ``sys.meta_path`` after an activation,
 #: or after deciding against one (a ``.pth`` processed again later puts no observer back).
-done = False
+#: Like :data:`woken_inert`, kept by an ``importlib.reload`` of this module.
+done = globals().get("done", False)
 
 #: The watched package whose import found this host inert (the engine, asked later, says why).
-woken_inert = ""
+woken_inert = globals().get("woken_inert", "")
 
 #: Variables that can make a host without ``torch_npu`` act, or make the configuration warn,
 #: whatever their value (``_config.read_config``); the on/off switches among them only when their

@@ -500,7 +500,8 @@ def _blocked_on_us(activator: int) -> bool:
 
 
 # --------------------------------------------------------------------- process-wide engine
-_ENGINE = Engine()
+#: The process's engine; an ``importlib.reload`` of this module keeps it, records and all.
+_ENGINE: Engine = globals().get("_ENGINE") or Engine()
 
 
 def engine() -> Engine:

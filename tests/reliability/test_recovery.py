@@ -231,3 +231,22 @@ print(json.dumps([r.status, vllm.model.Layer().forward(1), r.warnings]))
         "VERL_NPU_AUTOPATCH_ENABLE: 11,997 more unknown patch or group names",
     ]
     assert len(proc.stderr) < 2_000 and proc.stderr.count("\n") == 5  # logged once each
+
+
+@pytest.mark.parametrize("host", ["inert", "active"])
+def test_report_survives_reloading_our_modules(base_python: Path, host: str) -> None:
+    code = """
+import importlib, json, sys, vllm.model, verl_npu_autopatch
+before = verl_npu_autopatch.report().to_dict()
+ours = sorted(n for n in sys.modules if n == "_verl_npu_autopatch_startup" or n.startswith("verl_npu_autopatch"))
+for name in ours:
+    importlib.reload(sys.modules[name])
+after = verl_npu_autopatch.report().to_dict()
+print(json.dumps([len(ours), before == after, after["status"], after["reason"], vllm.model.Layer().forward(1)]))
+"""
+    count, same, status, reason, forward = run_json(base_python, code, env=NPU if host == "active" else {})
+    assert count > 1 and same
+    if host == "active":
+        assert (status, reason, forward) == ("active", "activated by vllm", 12)
+    else:
+        assert (status, forward) == ("inactive", 2) and "torch_npu is not installed" in reason
