@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support.children import run, run_json
+from support.children import ROOT, run, run_json
 
 NPU = {"VERL_NPU_AUTOPATCH_DEVICE": "npu"}
 
@@ -250,3 +250,9 @@ print(json.dumps([len(ours), before == after, after["status"], after["reason"], 
         assert (status, reason, forward) == ("active", "activated by vllm", 12)
     else:
         assert (status, forward) == ("inactive", 2) and "torch_npu is not installed" in reason
+
+
+def test_docs_name_every_case() -> None:
+    text = (ROOT / "docs" / "reliability.md").read_text()
+    for name in [n for n in globals() if n.startswith("test_") and n != "test_docs_name_every_case"]:
+        assert f"{name.removeprefix('test_')}`" in text, name
