@@ -48,12 +48,12 @@ PREFIX = "VERL_NPU_AUTOPATCH"
 LEGACY_GLM52 = "VERL_VLLM_ASCEND_GLM52_PATCH"
 
 DEVICES = ("auto", "npu", "none")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: A warning shows at most this many characters of a value (and says how long it is) ...
 SHOWN = 60
 #: ... and names this many unknown patch names one by one per variable, then counts the rest.
 NAMES_SHOWN = 3
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: Every variable the engine reads, with its accepted values (for docs and ``status``).
 VARIABLES = {

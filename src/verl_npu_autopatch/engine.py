@@ -280,6 +280,8 @@ class Engine(Installed):
 
     def _hook_later(self, names: list[str]) -> None:
         """Post-import hooks on deferred modules whose import failed (no longer in ``sys.modules``)."""
+        if not names:
+            return  # e.g. ``settle`` on an engine that never activated: wrapt is not needed
         import wrapt
 
         for name in names:
