@@ -13,6 +13,7 @@ activation is over (see docs/index.md, "Activation and threads").
 
 import _thread
 import os
+import sys
 
 from verl_npu_autopatch._config import read_config, startup
 from verl_npu_autopatch._environment import device_decision
@@ -55,7 +56,8 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
 def exec_module(loader: "Any", module: "ModuleType") -> None:
     """``exec_module`` of an activating loader on a host that is not inert: activate the engine
     (or wait for an activation under way in another thread), run the real loader, then let the
-    engine patch the module itself (wrapt never saw this import)."""
+    engine patch the module itself (wrapt never saw this import). If the module raises, the
+    engine hooks its next import, and this frame leaves the traceback (3.11+)."""
     module.__loader__ = loader.loader
     if getattr(module, "__spec__", None) is not None:
         module.__spec__.loader = loader.loader
@@ -69,7 +71,16 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
             raise
         engine = None
         stop_observing()  # e.g. an unimportable engine: do not hold other imports up
-    loader.loader.exec_module(module)
+    try:
+        loader.loader.exec_module(module)
+    except BaseException as exc:  # the import fails: a retry must still be patched
+        if engine is not None:
+            try:
+                engine.engine().module_failed(module)
+            except Exception:
+                pass
+        startup.unframed(exc, exec_module.__code__)
+        raise
     if engine is not None:
         try:
             engine.engine().module_loaded(module)
@@ -112,6 +123,7 @@ def guard(activator: int, packages: "Any" = None) -> None:
     catalogue is known (``packages`` is ``None``), then for the watched packages plus
     ``packages`` (the other target packages)."""
     try:
+        _fork_safe()
         startup.put_first()
         startup.activator = activator
         startup.gated = None if packages is None else startup.WATCHED | frozenset(packages)
@@ -136,3 +148,38 @@ def begin_guard(trigger: str) -> None:
 def stop_observing() -> None:
     """Activation is over (or decided against): nothing is left to observe."""
     startup.uninstall_observer()
+
+
+def observe_again(hooked: bool) -> None:
+    """An activation was abandoned: the observer stops guarding and, if the start-up hook was in
+    place (``hooked``), observes again, so the next watched import activates."""
+    startup.uninstall_observer()
+    startup.done = False
+    if hooked:
+        startup.put_first()
+
+
+_at_fork: list[bool] = []
+
+
+def _fork_safe() -> None:
+    """Register :func:`after_fork_in_child` with ``os.register_at_fork``, once, when a first
+    activation begins (never at interpreter start-up)."""
+    if not _at_fork and hasattr(os, "register_at_fork"):
+        _at_fork.append(True)
+        os.register_at_fork(after_in_child=after_fork_in_child)
+
+
+def after_fork_in_child() -> None:
+    """The child of ``os.fork()`` made while another thread activates: that thread is not
+    here, so its activation (the engine's locks, the guarding observer) is abandoned: the child
+    imports freely and its next watched import, or ``activate()``, activates."""
+    try:
+        engine = sys.modules.get("verl_npu_autopatch.engine")
+        if engine is not None:
+            engine.engine().after_fork()
+        if guarded() and startup.activator != _thread.get_ident():  # the engine's part was done
+            status = "not-activated" if engine is None else engine.engine().status
+            observe_again(True) if status == "not-activated" else stop_observing()
+    except Exception:
+        pass

@@ -50,6 +50,11 @@ LEGACY_GLM52 = "VERL_VLLM_ASCEND_GLM52_PATCH"
 DEVICES = ("auto", "npu", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+#: A warning shows at most this many characters of a value (and says how long it is) ...
+SHOWN = 60
+#: ... and names this many unknown patch names one by one per variable, then counts the rest.
+NAMES_SHOWN = 3
+
 #: Every variable the engine reads, with its accepted values (for docs and ``status``).
 VARIABLES = {
     PREFIX: "1 (default) / 0; also true/false, yes/no, on/off, enable(d)/disable(d), none",
@@ -104,13 +109,26 @@ class Config:
 
         found = []
         for variable, names in ((f"{PREFIX}_ENABLE", self.enable), (f"{PREFIX}_DISABLE", self.disable)):
-            for name in sorted(names - known):
-                close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+            unknown = sorted(names - known)
+            for name in unknown[:NAMES_SHOWN]:
+                close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6) if len(name) <= SHOWN else []
                 hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
                 found.append(
-                    f"{variable}: unknown patch or group {name!r}; {hint}`verl-npu-autopatch list` shows the names"
+                    f"{variable}: unknown patch or group {shown(name)}; {hint}`verl-npu-autopatch list` shows the names"
+                )
+            if len(unknown) > NAMES_SHOWN:
+                more = len(unknown) - NAMES_SHOWN
+                found.append(
+                    f"{variable}: {more:,} more unknown patch or group names; `verl-npu-autopatch list` shows the names"
                 )
         return found
+
+
+def shown(raw: str) -> str:
+    """``raw`` as a warning shows it: its ``repr``, cut after :data:`SHOWN` characters."""
+    if len(raw) <= SHOWN:
+        return repr(raw)
+    return f"{raw[:SHOWN]!r}... ({len(raw):,} characters)"
 
 
 def _flag(environ: "Mapping[str, str]", name: str, default: bool, warnings: list[str]) -> bool:
@@ -121,7 +139,7 @@ def _flag(environ: "Mapping[str, str]", name: str, default: bool, warnings: list
     if value is not None:
         return value
     fallback = "on" if default else "off"
-    warnings.append(f"{name}={raw!r} is not understood; accepted values: {VARIABLES[name]}. Using {fallback}.")
+    warnings.append(f"{name}={shown(raw)} is not understood; accepted values: {VARIABLES[name]}. Using {fallback}.")
     return default
 
 
@@ -139,7 +157,7 @@ def read_config(environ: "Mapping[str, str] | None" = None) -> Config:
     device = env.get(f"{PREFIX}_DEVICE", "").strip().lower() or "auto"
     if device not in DEVICES:
         warnings.append(
-            f"{PREFIX}_DEVICE={env[f'{PREFIX}_DEVICE']!r} is not understood; "
+            f"{PREFIX}_DEVICE={shown(env[f'{PREFIX}_DEVICE'])} is not understood; "
             f"accepted values: {VARIABLES[f'{PREFIX}_DEVICE']}. Using auto."
         )
         device = "auto"
@@ -147,7 +165,7 @@ def read_config(environ: "Mapping[str, str] | None" = None) -> Config:
     log_level = env.get(f"{PREFIX}_LOG", "").strip().upper() or None
     if log_level is not None and log_level not in LOG_LEVELS:
         warnings.append(
-            f"{PREFIX}_LOG={env[f'{PREFIX}_LOG']!r} is not understood; "
+            f"{PREFIX}_LOG={shown(env[f'{PREFIX}_LOG'])} is not understood; "
             f"accepted values: {', '.join(LOG_LEVELS)}. Keeping the logger's level."
         )
         log_level = None

@@ -37,11 +37,36 @@ def device_decision(config: "Config") -> tuple[str, str]:
         return "-", "switched off by VERL_NPU_AUTOPATCH"
     if config.device == "none":
         return "none", "VERL_NPU_AUTOPATCH_DEVICE=none"
-    if config.device == "npu":
-        return "npu (forced)", ""
-    if npu_stack_installed():
-        return "npu (torch_npu installed)", ""
-    return "none (torch_npu not installed)", "no NPU stack: torch_npu is not installed (VERL_NPU_AUTOPATCH_DEVICE=auto)"
+    if config.device != "npu" and not npu_stack_installed():
+        return (
+            "none (torch_npu not installed)",
+            "no NPU stack: torch_npu is not installed (VERL_NPU_AUTOPATCH_DEVICE=auto)",
+        )
+    if not main_interpreter():
+        return "none (sub-interpreter)", SUBINTERPRETER
+    return ("npu (forced)" if config.device == "npu" else "npu (torch_npu installed)"), ""
+
+
+#: Why the engine stays inert in a sub-interpreter.
+SUBINTERPRETER = (
+    "a sub-interpreter: the engine acts only in the main interpreter "
+    "(wrapt and the patched libraries are not built for isolated sub-interpreters)"
+)
+
+
+def main_interpreter() -> bool:
+    """Whether this is the process's main interpreter (3.12+: ``_thread``; before, the
+    sub-interpreter module, imported only here, on the active path)."""
+    import _thread
+
+    probe = getattr(_thread, "_is_main_interpreter", None)
+    if probe is not None:
+        return bool(probe())
+    try:
+        import _xxsubinterpreters as interpreters
+    except ImportError:
+        return True
+    return bool(interpreters.get_current() == interpreters.get_main())
 
 
 #: The oldest wrapt the package works with (``pyproject.toml``).

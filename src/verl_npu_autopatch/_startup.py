@@ -43,10 +43,11 @@ trigger = ""
 
 #: The observer's work in this process is over: it left ``sys.meta_path`` after an activation,
 #: or after deciding against one (a ``.pth`` processed again later puts no observer back).
-done = False
+#: Like :data:`woken_inert`, kept by an ``importlib.reload`` of this module.
+done = globals().get("done", False)
 
 #: The watched package whose import found this host inert (the engine, asked later, says why).
-woken_inert = ""
+woken_inert = globals().get("woken_inert", "")
 
 #: Variables that can make a host without ``torch_npu`` act, or make the configuration warn,
 #: whatever their value (``_config.read_config``); the on/off switches among them only when their
@@ -143,8 +144,12 @@ def activating(spec, waits_for):
 
 
 def real_spec(fullname, path, target):
-    """The spec the other finders on ``sys.meta_path`` give ``fullname``."""
-    for finder in list(sys.meta_path):
+    """The spec the finders after the start-up hook on ``sys.meta_path`` give ``fullname``.
+    Those in front of it were asked already; one of them that asks the finders after itself
+    (APM agents, coverage tools) would ask the hook again, without end."""
+    finders = list(sys.meta_path)
+    first = next((index for index, finder in enumerate(finders) if is_hook(finder)), -1)
+    for finder in finders[first + 1 :]:
         find = getattr(finder, "find_spec", None)
         if find is None or is_hook(finder):
             continue
@@ -198,14 +203,29 @@ class ActivatingLoader:
         return create(spec) if create is not None else None
 
     def exec_module(self, module):
-        if self.inert or self.broken:
-            module.__loader__ = self.loader
-            if getattr(module, "__spec__", None) is not None:
-                module.__spec__.loader = self.loader
-            return self.loader.exec_module(module)
-        from verl_npu_autopatch import _activation
+        """Run the real loader (through ``_activation`` unless inert or broken). If the package
+        raises, this frame leaves the traceback (3.11+; the exception is unchanged)."""
+        try:
+            if self.inert or self.broken:
+                module.__loader__ = self.loader
+                if getattr(module, "__spec__", None) is not None:
+                    module.__spec__.loader = self.loader
+                return self.loader.exec_module(module)
+            from verl_npu_autopatch import _activation
 
-        return _activation.exec_module(self, module)
+            return _activation.exec_module(self, module)
+        except BaseException as exc:
+            unframed(exc, ActivatingLoader.exec_module.__code__)
+            raise
+
+
+def unframed(exc, code):
+    """Take the frame running ``code`` off the head of ``exc``'s traceback, so that a failing
+    upstream import shows only its own frames; a bare ``raise`` after it keeps the rest of the
+    exception as it is (Python 3.10 re-raises the traceback it caught, frame included)."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code is code:
+        exc.__traceback__ = tb.tb_next
 
 
 def installed_observer():

@@ -56,7 +56,7 @@ class Engine(Installed):
 
     def __init__(self, catalogue: Sequence[Patch] | None = None, config: Config | None = None) -> None:
         self._catalogue = catalogue
-        self._config = config
+        self._given_config = self._config = config
         self._lock = _thread.RLock()  # records and claims; held only briefly, never across imports
         self._activation_lock = _thread.RLock()
         self.status = "not-activated"
@@ -70,6 +70,7 @@ class Engine(Installed):
         self._absent: set[str] = set()  # modules ``settle`` was told do not exist
         self._deferred: set[str] = set()  # modules still executing when their hook was due
         self._activator = 0
+        self._observed = False  # the start-up hook was on sys.meta_path when activation began
         self._checked_names = False
 
     @property
@@ -93,7 +94,9 @@ class Engine(Installed):
         ``_activation.guard``), so a target imported meanwhile by another thread waits and
         is patched before its import completes. Never raises, except ``PatchError`` in strict
         mode. Never called with the interpreter's import lock held (the start-up observer
-        activates from its loader, not from ``find_spec``).
+        activates from its loader, not from ``find_spec``). Interrupted (``KeyboardInterrupt``,
+        ``SystemExit``), it goes back to not activated and re-raises: a later watched import or
+        call activates again.
         """
         if not self._enter():
             return
@@ -103,6 +106,7 @@ class Engine(Installed):
             self.status = "activating"
             self.trigger = trigger
             self._activator = _thread.get_ident()
+            self._observed = startup.hooked()
             config = self._config = self._config or read_config()
             self.warnings = list(config.warnings)
             _logging.configure(config)
@@ -129,8 +133,36 @@ class Engine(Installed):
             finally:
                 if self is _ENGINE:
                     _activation.stop_observing()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C during a slow first import: activate again later
+                self._abandon()
+            raise
         finally:
             self._activation_lock.release()
+
+    def _abandon(self) -> None:
+        """An activation that cannot finish (interrupted, or under way in a thread a fork left
+        behind): back to ``not-activated``, and, where the start-up hook was in place, observing
+        again. Hooks already registered stay (they act only on pending records); a fix already
+        installed is found in place when the engine activates again."""
+        with self._lock:
+            self.status, self.reason, self.trigger, self.device = "not-activated", "", "", ""
+            self.warnings, self._slots, self._config = [], {}, self._given_config
+            self._hooked -= self._deferred
+            self._deferred.clear()
+            self._activator, self._checked_names = 0, False
+        if self is _ENGINE:
+            _activation.observe_again(self._observed)
+
+    def after_fork(self) -> None:
+        """In the child of ``os.fork()`` (``_activation`` registers the handler): the locks may be
+        held by threads that do not exist here; an activation under way in one of them is
+        abandoned. An activation in the thread that forked goes on."""
+        if self.status == "activating" and self._activator == _thread.get_ident():
+            return
+        self._lock, self._activation_lock = _thread.RLock(), _thread.RLock()
+        if self.status == "activating":
+            self._abandon()
 
     def _enter(self) -> bool:
         """Take the activation lock, waiting for an activation under way in another thread.
@@ -209,18 +241,20 @@ class Engine(Installed):
         with self._lock:
             wanted = dict.fromkeys(t.module for slot in self._slots.values() for t in slot.variants)
             modules = [module for module in wanted if module not in self._hooked]
-            self._hooked.update(modules)
         errors = []
         for module in modules:
             if initializing(sys.modules.get(module)):
                 with self._lock:
                     self._deferred.add(module)
+                    self._hooked.add(module)
                 continue
             _logging.logger().debug("post-import hook on %s", module)
             try:
                 wrapt.register_post_import_hook(self._on_import, module)
             except PatchError as error:
                 errors.append(error)
+            with self._lock:  # one by one: an interrupted activation registers the rest later
+                self._hooked.add(module)
         if errors:
             raise errors[0]
 
@@ -232,13 +266,38 @@ class Engine(Installed):
             self._deferred.discard(module.__name__)
         self._on_import(module)
 
+    def module_failed(self, module: ModuleType) -> None:
+        """A target module deferred at hook registration raised while executing (its import
+        fails, and may be retried): hook its next import, as if it had never been imported."""
+        name = module.__name__
+        with self._lock:
+            if name not in self._deferred:
+                return
+            self._deferred.discard(name)
+        if sys.modules.get(name) is module:
+            del sys.modules[name]  # as the import system does next; wrapt hooks only what is not loaded
+        self._hook_later([name])
+
+    def _hook_later(self, names: list[str]) -> None:
+        """Post-import hooks on deferred modules whose import failed (no longer in ``sys.modules``)."""
+        if not names:
+            return  # e.g. ``settle`` on an engine that never activated: wrapt is not needed
+        import wrapt
+
+        for name in names:
+            _logging.logger().debug("post-import hook on %s (its import failed)", name)
+            wrapt.register_post_import_hook(self._on_import, name)
+
     def _catch_up(self) -> None:
-        """Apply patches on deferred modules that have finished executing since."""
+        """Apply patches on deferred modules that have finished executing since, and hook those
+        whose import failed meanwhile."""
         from verl_npu_autopatch._resolution import initializing
 
         with self._lock:
             ready = [m for m in self._deferred if m in sys.modules and not initializing(sys.modules[m])]
-            self._deferred.difference_update(ready)
+            failed = [m for m in self._deferred if m not in sys.modules]
+            self._deferred.difference_update(ready + failed)
+        self._hook_later(failed)
         for name in ready:
             self._on_import(sys.modules[name])
 
@@ -443,7 +502,8 @@ def _blocked_on_us(activator: int) -> bool:
 
 
 # --------------------------------------------------------------------- process-wide engine
-_ENGINE = Engine()
+#: The process's engine; an ``importlib.reload`` of this module keeps it, records and all.
+_ENGINE: Engine = globals().get("_ENGINE") or Engine()
 
 
 def engine() -> Engine:
