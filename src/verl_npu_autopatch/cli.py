@@ -197,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="import every installed target in a fresh interpreter and report")
     doctor.add_argument("--json", action="store_true")
     doctor.add_argument("--device", choices=["npu", "auto", "none"], help="npu: dry run on a non-NPU host")
+    doctor.add_argument(
+        "--verify",
+        action="store_true",
+        help="also run each applied kernel patch against upstream on tiny inputs on the device (errors, time)",
+    )
     doctor.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="probe every node of a Ray cluster")
     doctor.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the node probes run in")
     doctor.add_argument(
@@ -237,6 +242,6 @@ def _main(argv: list[str] | None) -> int:
         from verl_npu_autopatch import ray_doctor
 
         return ray_doctor.main(args, status=f"{__name__}:{status_data.__name__}")
-    data = run_doctor(args.device, args.timeout or DOCTOR_TIMEOUT_S)
+    data = run_doctor(args.device, args.timeout or DOCTOR_TIMEOUT_S, verify=args.verify)
     print(json.dumps(data, indent=2)) if args.json else print_doctor(data)
     return doctor_exit_code(data)

@@ -16,23 +16,25 @@ from verl_npu_autopatch.records import table
 DOCTOR_TIMEOUT_S = 600.0
 
 #: ``doctor`` exit codes: all well / a patch failed / the child crashed or activation failed /
-#: the child did not finish within ``--timeout``.
-OK, PATCH_FAILED, CRASHED, TIMED_OUT = 0, 1, 2, 3
+#: the child did not finish within ``--timeout`` / ``--verify`` found a kernel that disagrees with
+#: upstream (or could not run it).
+OK, PATCH_FAILED, CRASHED, TIMED_OUT, MISMATCH = 0, 1, 2, 3, 4
 
 #: The command line of the doctor child, after the interpreter.
 CHILD = ("-m", "verl_npu_autopatch._doctor_child")
 
 
-def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S) -> dict[str, Any]:
-    """Run the doctor child: a fresh interpreter of this environment imports every target. It
-    runs in its own session, so a timeout ends it and anything it started."""
+def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bool = False) -> dict[str, Any]:
+    """Run the doctor child: a fresh interpreter of this environment imports every target (and
+    with ``verify`` checks the kernels against upstream). It runs in its own session, so a timeout
+    ends it and anything it started."""
     import signal
 
     env = dict(os.environ)
     if device:
         env["VERL_NPU_AUTOPATCH_DEVICE"] = device
     proc = subprocess.Popen(
-        [sys.executable, *CHILD],
+        [sys.executable, *CHILD, *(["--verify"] if verify else [])],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -69,7 +71,9 @@ def doctor_exit_code(data: dict[str, Any]) -> int:
     if data["status"] in ("crashed", "failed"):
         return CRASHED
     bad = ("failed", "superseded", "unsupported") if data.get("strict") else ("failed", "superseded")
-    return PATCH_FAILED if any(r["state"] in bad for r in data["records"]) else OK
+    if any(r["state"] in bad for r in data["records"]):
+        return PATCH_FAILED
+    return MISMATCH if "verify" in data and not data["verify"]["ok"] else OK
 
 
 def print_doctor(data: dict[str, Any]) -> None:
@@ -98,6 +102,10 @@ def print_doctor(data: dict[str, Any]) -> None:
             f"\nSUPERSEDED: {', '.join(superseded)}: the fix was installed, but something else runs there now "
             "(the why column names it; see docs/troubleshooting.md, Record states)"
         )
+    if "verify" in data:
+        from verl_npu_autopatch.verify import render
+
+        print("\n" + "\n".join(render(data["verify"])))
     failed = [r["name"] for r in data["records"] if r["state"] == "failed"]
     if failed:
         print(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{data['stderr']}")

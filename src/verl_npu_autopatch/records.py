@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Record", "Report", "table"]
+__all__ = ["Record", "Report", "table", "wrap"]
 
 
 @dataclass
@@ -68,3 +68,10 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     lines.append("  ".join("-" * width for width in widths))
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(lines)
+
+
+def wrap(text: str, width: int = 120, indent: str = "") -> list[str]:
+    """``text`` as lines of at most ``width`` characters (continuations start with ``indent``)."""
+    import textwrap
+
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False) or [""]
