@@ -19,6 +19,7 @@ from verl_npu_autopatch._version import __version__
 from verl_npu_autopatch.doctor import DOCTOR_TIMEOUT_S, TIMED_OUT, doctor_exit_code, print_doctor, run_doctor
 from verl_npu_autopatch.records import table
 from verl_npu_autopatch.spec import Patch, Target
+from verl_npu_autopatch.verify import absent as verify_absent
 
 #: Distributions whose versions ``status`` shows.
 SHOWN_DISTRIBUTIONS = (
@@ -107,6 +108,19 @@ def status_data() -> dict[str, Any]:
         "load_errors": [{"name": n, "error": e} for n, e, _ in loaded.errors],
         "skipped_entry_points": loaded.skipped,
     }
+
+
+def verified_status_data() -> dict[str, Any]:
+    """:func:`status_data` plus what ``doctor --verify`` finds here (the node probe of
+    ``doctor --ray --verify``): the doctor child runs with this process's environment."""
+    data = status_data()
+    found = run_doctor(None, verify=True)
+    data["verify"] = found.get("verify") or {
+        **verify_absent(),
+        "ok": False,
+        "error": f"the doctor child {found['status']}: {found.get('reason', '')}",
+    }
+    return data
 
 
 def print_status(data: dict[str, Any]) -> None:
@@ -241,7 +255,8 @@ def _main(argv: list[str] | None) -> int:
     if args.ray is not None or args.runtime_env is not None:
         from verl_npu_autopatch import ray_doctor
 
-        return ray_doctor.main(args, status=f"{__name__}:{status_data.__name__}")
+        probe = verified_status_data if args.verify else status_data
+        return ray_doctor.main(args, status=f"{__name__}:{probe.__name__}")
     data = run_doctor(args.device, args.timeout or DOCTOR_TIMEOUT_S, verify=args.verify)
     print(json.dumps(data, indent=2)) if args.json else print_doctor(data)
     return doctor_exit_code(data)

@@ -144,20 +144,27 @@ def _failure(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
+def absent() -> dict[str, Any]:
+    """An empty verify report: nothing checked, nothing failed (yet)."""
+    return {
+        "device": None,
+        "torch_npu": None,
+        "tolerance": dict(TOLERANCE),
+        "results": [],
+        "not_checked": [],
+        "error": None,
+        "ok": True,
+    }
+
+
 def run(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Verify every applied kernel patch among ``records`` (the doctor child's record dicts)."""
     from verl_npu_autopatch.patches.transformers_npu import KERNELS
 
     applied = [r for r in records if r["state"] == "applied"]
     kernels = [r for r in applied if r["name"].startswith("transformers.") and r["name"].rsplit(".", 1)[-1] in KERNELS]
-    report: dict[str, Any] = {
-        "device": None,
-        "torch_npu": None,
-        "tolerance": dict(TOLERANCE),
-        "results": [],
-        "not_checked": [{"name": r["name"], "reason": not_numeric(r["name"])} for r in applied if r not in kernels],
-        "error": None,
-    }
+    report = absent()
+    report["not_checked"] = [{"name": r["name"], "reason": not_numeric(r["name"])} for r in applied if r not in kernels]
     if kernels:
         try:
             device, report["torch_npu"] = pick_device()
