@@ -81,9 +81,12 @@ def test_verify_json_covers_every_applied_kernel_in_both_dtypes(tmp_path: Path) 
     assert verify["ok"] is True and verify["error"] is None
     assert verify["device"] == "cpu" and verify["torch_npu"] == str(HERE / "npu_emulation.py")
     kernels = applied_kernels(data)
-    # every present family's kernels went in (none yields here), and each one was verified
+    # every present family's kernels went in, or stood aside for another of ours on a class two
+    # families share (transformers 4.57: qwen2_5_vl uses Qwen2RMSNorm); each applied one was verified
     expected = {transformers_npu.patch_name(f, k) for f in PRESENT for k in transformers_npu.kinds(f)}
-    assert kernels == expected
+    states = {r["name"]: r for r in data["records"]}
+    shared = {n for n in expected if states[n]["state"] == "yielded" and "(shared class" in states[n]["reason"]}
+    assert kernels == expected - shared and len(shared) <= 1
     found = rows(data)
     assert set(found) == {(name, dtype) for name in kernels for dtype in ("float32", "bfloat16")}
     for row in found.values():
