@@ -25,7 +25,7 @@ from typing import Any
 TOLERANCE: dict[str, float] = {"float32": 1e-4, "bfloat16": 2e-2}
 
 #: Timed calls per callable (after one warm-up call); the fastest counts.
-REPEATS = 5
+REPEATS = 10
 
 #: Patches (or name prefixes) without a tiny-input check, and why.
 NOT_NUMERIC: dict[str, str] = {
