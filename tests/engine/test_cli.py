@@ -255,3 +255,17 @@ def test_doctor_first_screen_summarises_and_lists_what_needs_attention(base_pyth
     for name, record in records.items():  # state, then the first target without its package path
         module, _, qualname = record["target"].split(" | ")[0].partition(":")
         assert rows[name] == [record["state"], f"{module.rsplit('.', 1)[-1]}:{qualname}"]
+
+
+def test_every_builtin_patch_without_a_kernel_check_says_why() -> None:
+    """``doctor --verify`` compares the transformers kernels with upstream; every other built-in
+    patch was decided (no arithmetic a tiny input can compare) and has its own reason, not the
+    catch-all a plugin's patch gets."""
+    from verl_npu_autopatch import catalog, verify
+    from verl_npu_autopatch.patches import transformers_npu
+
+    kernels = {p.name for p in transformers_npu.PATCHES}
+    others = [p.name for p in catalog.builtin() if p.name not in kernels]
+    assert others and kernels
+    fallback = verify.not_numeric("plugin.anything")
+    assert {name: verify.not_numeric(name) for name in others if verify.not_numeric(name) == fallback} == {}
