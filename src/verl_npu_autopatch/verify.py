@@ -170,7 +170,7 @@ def run(records: list[dict[str, Any]]) -> dict[str, Any]:
             device, report["torch_npu"] = pick_device()
             report["device"] = str(device)
         except Exception as exc:
-            report["error"] = f"cannot choose the device: {_failure(exc)}"
+            report["error"] = f"cannot choose the device ({len(kernels)} applied kernels not verified): {_failure(exc)}"
             kernels = []
     for record in kernels:
         report["results"] += _verify_record(record, device)
@@ -231,7 +231,8 @@ def render(report: dict[str, Any], width: int = 120) -> list[str]:
         for r in report["results"]
     ]
     header = ["kernel", "dtype", "result", "fwd abs", "fwd rel", "bwd abs", "bwd rel", "time patched/upstream"]
-    lines += [table(rows, header)] if rows else ["no applied kernel patch to verify"]
+    if rows or not report["error"]:
+        lines += [table(rows, header)] if rows else ["no applied kernel patch to verify"]
     failed = [r for r in report["results"] if not r["passed"]]
     for r in failed:
         why = r["error"] or f"error above the {_SHORT_DTYPE.get(r['dtype'], r['dtype'])} tolerance {r['tolerance']:g}"

@@ -44,13 +44,14 @@ FEW = ("qwen3", "qwen3_next")
 
 
 def doctor(
-    tmp_path: Path, shim: str, *args: str, families: tuple[str, ...] | None = None
+    tmp_path: Path, shim: str | None, *args: str, families: tuple[str, ...] | None = None
 ) -> subprocess.CompletedProcess:
-    """``doctor --verify --device npu [args]`` with ``shim`` as ``torch_npu``; only ``families``
-    of the transformers kernels (default: all)."""
+    """``doctor --verify --device npu [args]`` with ``shim`` as ``torch_npu`` (``None``: no
+    torch_npu at all); only ``families`` of the transformers kernels (default: all)."""
     shim_dir = tmp_path / "shim"
     shim_dir.mkdir(exist_ok=True)
-    (shim_dir / "torch_npu.py").write_text(shim)
+    if shim is not None:
+        (shim_dir / "torch_npu.py").write_text(shim)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_NPU_AUTOPATCH")}
     env["PYTHONPATH"] = os.pathsep.join([str(shim_dir), str(HERE)])
     if families is not None:
@@ -144,3 +145,15 @@ def test_verify_reports_a_kernel_that_raises_without_crashing(tmp_path: Path) ->
             assert not row["passed"] and row["error"] == "RuntimeError: the shim's swiglu kernel refuses", row
         else:
             assert row["passed"], row
+
+
+def test_verify_without_torch_npu_says_it_could_not_run(tmp_path: Path) -> None:
+    """``--device npu`` on a host where ``import torch_npu`` fails: the kernels went in (forced),
+    the verification cannot run; that is a failure to verify, not a pass."""
+    proc = doctor(tmp_path, None, families=("qwen3",))
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (
+        "VERIFY FAILED: cannot choose the device (3 applied kernels not verified): ModuleNotFoundError: No module"
+        in (" ".join(proc.stdout.split()))
+    )
+    assert "no applied kernel patch to verify" not in proc.stdout
