@@ -27,6 +27,18 @@ TOLERANCE: dict[str, float] = {"float32": 1e-4, "bfloat16": 2e-2}
 #: Timed calls per callable (after one warm-up call); the fastest counts.
 REPEATS = 10
 
+#: What :func:`check` measures; ``None`` in a row that could not be measured.
+MEASURED = (
+    "fwd_max_abs",
+    "fwd_max_rel",
+    "bwd_max_abs",
+    "bwd_max_rel",
+    "tolerance",
+    "patched_us",
+    "upstream_us",
+    "time_ratio",
+)
+
 #: Patches (or name prefixes) without a tiny-input check, and why.
 NOT_NUMERIC: dict[str, str] = {
     "vllm.moe_weight_loader": "loads checkpoint shards into a FusedMoE layer: needs a vLLM model context",
@@ -182,7 +194,7 @@ def _verify_record(record: dict[str, Any], device: Any) -> list[dict[str, Any]]:
     """One row per dtype for an applied kernel patch; a failure to run is a failed row."""
     from verl_npu_autopatch._verify_cases import Unverifiable, case
 
-    base = {"name": record["name"], "target": record["target"]}
+    base = {"name": record["name"], "target": record["target"], **dict.fromkeys(MEASURED)}
     try:
         found = case(record["name"], record["target"])
     except Unverifiable as exc:
@@ -194,7 +206,8 @@ def _verify_record(record: dict[str, Any], device: Any) -> list[dict[str, Any]]:
         try:
             rows.append({**base, "dtype": dtype_name, **check(found, dtype_name, device), "error": None})
         except Exception as exc:
-            rows.append({**base, "dtype": dtype_name, "passed": False, "error": _failure(exc)})
+            failed = {"dtype": dtype_name, "tolerance": TOLERANCE[dtype_name], "passed": False, "error": _failure(exc)}
+            rows.append({**base, **failed})
     return rows
 
 
