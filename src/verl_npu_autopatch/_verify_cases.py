@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from verl_npu_autopatch.patching import marked_by
+from verl_npu_autopatch.patching import marked_by, normalized_source
 
 #: Tiny dimensions: batch, sequence, hidden, intermediate (feed-forward), heads, kv heads, head dim, experts, top-k.
 B, S, H, FF, HEADS, KV, D, E, K = 2, 8, 64, 32, 4, 2, 16, 4, 2
@@ -39,12 +39,14 @@ class Call:
 
 @dataclass
 class Case:
-    """One applied kernel patch: ``patched`` and ``upstream`` take the same arguments."""
+    """One applied kernel patch: ``patched`` and ``upstream`` take the same arguments, built by
+    ``make``; ``inputs`` describes them for the report."""
 
     name: str
     patched: Callable[..., Any]
     upstream: Callable[..., Any]
     make: Callable[[torch.dtype, torch.device], Call]
+    inputs: str
 
 
 def _resolve(target: str) -> tuple[Any, Any]:
@@ -114,13 +116,21 @@ def _mlp(cls: type) -> Callable[[torch.dtype, torch.device], Call]:
     return make
 
 
-def _rotary(dtype: torch.dtype, device: torch.device) -> Call:
-    q = _leaf(B, HEADS, S, D, dtype=dtype, device=device)
-    k = _leaf(B, KV, S, D, dtype=dtype, device=device)
-    angles = torch.rand(B, S, D // 2) * 6.0
-    emb = torch.cat((angles, angles), dim=-1)
-    cos, sin = (t.to(device=device, dtype=dtype) for t in (emb.cos(), emb.sin()))
-    return Call((q, k, cos, sin), [q, k])
+def _rotary(upstream: Callable[..., Any]) -> tuple[Callable[[torch.dtype, torch.device], Call], int]:
+    """q, k and the cos/sin tables, and how many channels rotate: half the head dim where
+    upstream takes a partial rotary (``rotary_dim = cos.shape[-1]``, Qwen3-Next / Qwen3.5), else
+    all of it."""
+    rotated = D // 2 if "rotary_dim=cos.shape[-1]" in (normalized_source(upstream) or "") else D
+
+    def make(dtype: torch.dtype, device: torch.device) -> Call:
+        q = _leaf(B, HEADS, S, D, dtype=dtype, device=device)
+        k = _leaf(B, KV, S, D, dtype=dtype, device=device)
+        angles = torch.rand(B, S, rotated // 2) * 6.0
+        emb = torch.cat((angles, angles), dim=-1)
+        cos, sin = (t.to(device=device, dtype=dtype) for t in (emb.cos(), emb.sin()))
+        return Call((q, k, cos, sin), [q, k])
+
+    return make, rotated
 
 
 def tiny_config() -> Any:
@@ -167,14 +177,17 @@ def case(name: str, target: str) -> Case:
     kind = name.rsplit(".", 1)[-1]
     owner, value = _resolve(target)
     patched, upstream = _pair(name, owner, value)
+    hidden = f"x [{B}, {S}, {H}]"
     if kind in ("rms_norm", "rms_norm_gated"):
-        make = _norm(owner, gated=kind == "rms_norm_gated")
-    elif kind in ("mlp", "vision_mlp"):
-        make = _mlp(owner)
-    elif kind == "rotary":
-        make = _rotary
-    elif kind == "experts":
-        make = _experts(owner, block=target.endswith("SparseMoeBlock.forward"))
-    else:
-        raise Unverifiable(f"no tiny input for kernel kind {kind!r}")
-    return Case(name, patched, upstream, make)
+        gated = kind == "rms_norm_gated"
+        return Case(name, patched, upstream, _norm(owner, gated), hidden + (", gate alike" if gated else ""))
+    if kind in ("mlp", "vision_mlp"):
+        return Case(name, patched, upstream, _mlp(owner), f"{hidden}, intermediate {FF}")
+    if kind == "rotary":
+        make, rotated = _rotary(upstream)
+        return Case(name, patched, upstream, make, f"q [{B}, {HEADS}, {S}, {D}], k {KV} heads, rotary dim {rotated}")
+    if kind == "experts":
+        block = target.endswith("SparseMoeBlock.forward")
+        routed = f"{hidden} through the block" if block else f"{B * S} routed tokens"
+        return Case(name, patched, upstream, _experts(owner, block), f"{routed}, {E} experts, top-{K}")
+    raise Unverifiable(f"no tiny input for kernel kind {kind!r}")

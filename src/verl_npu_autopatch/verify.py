@@ -194,13 +194,14 @@ def _verify_record(record: dict[str, Any], device: Any) -> list[dict[str, Any]]:
     """One row per dtype for an applied kernel patch; a failure to run is a failed row."""
     from verl_npu_autopatch._verify_cases import Unverifiable, case
 
-    base = {"name": record["name"], "target": record["target"], **dict.fromkeys(MEASURED)}
+    base = {"name": record["name"], "target": record["target"], "inputs": None, **dict.fromkeys(MEASURED)}
     try:
         found = case(record["name"], record["target"])
     except Unverifiable as exc:
         return [{**base, "dtype": None, "passed": False, "error": f"cannot verify: {exc}"}]
     except Exception as exc:
         return [{**base, "dtype": None, "passed": False, "error": f"building the tiny input raised {_failure(exc)}"}]
+    base["inputs"] = found.inputs
     rows = []
     for dtype_name in TOLERANCE:
         try:

@@ -104,6 +104,12 @@ def test_verify_json_covers_every_applied_kernel_in_both_dtypes(emulated: dict) 
             assert math.isfinite(row[key]) and row[key] >= 0, (key, row)
         assert row["fwd_max_rel"] <= row["tolerance"] and row["bwd_max_rel"] <= row["tolerance"]
     assert verify["tolerance"] == {"float32": 1e-4, "bfloat16": 2e-2}
+    # the rotary input is what the family feeds: a partial rotary where upstream takes one
+    partial = {"qwen3_next", "qwen3_5", "qwen3_5_moe"}
+    for family in [f for f in PRESENT if "rotary" in transformers_npu.kinds(f)]:
+        rotated = 8 if family in partial else 16
+        row = found[f"transformers.{family}.rotary", "float32"]
+        assert row["inputs"] == f"q [2, 4, 8, 16], k 2 heads, rotary dim {rotated}", row
     # applied but not arithmetic: listed with the reason, never counted as verified
     assert {"name": "liger.arbitration", "reason": verify["not_checked"][0]["reason"]} in verify["not_checked"]
 
