@@ -16,7 +16,14 @@ from typing import Any
 from verl_npu_autopatch import _environment, _gates, _summary, catalog
 from verl_npu_autopatch._config import VARIABLES, read_config, startup
 from verl_npu_autopatch._version import __version__
-from verl_npu_autopatch.doctor import DOCTOR_TIMEOUT_S, TIMED_OUT, doctor_exit_code, print_doctor, run_doctor
+from verl_npu_autopatch.doctor import (
+    DOCTOR_TIMEOUT_S,
+    MISMATCH,
+    TIMED_OUT,
+    doctor_exit_code,
+    print_doctor,
+    run_doctor,
+)
 from verl_npu_autopatch.records import table
 from verl_npu_autopatch.spec import Patch, Target
 from verl_npu_autopatch.verify import absent as verify_absent
@@ -240,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--verify",
         action="store_true",
-        help="also run each applied kernel patch against upstream on tiny inputs on the device (errors, time)",
+        help="also run each applied kernel patch against upstream on tiny inputs on the device (errors, time); "
+        f"exit code {MISMATCH} when one disagrees or cannot run (with --ray: every node, a problem there)",
     )
     doctor.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="probe every node of a Ray cluster")
     doctor.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the node probes run in")
