@@ -41,11 +41,14 @@ MEASURED = (
 
 #: Patches (or name prefixes) without a tiny-input check, and why.
 NOT_NUMERIC: dict[str, str] = {
-    "vllm.moe_weight_loader": "loads checkpoint shards into a FusedMoE layer: needs a vLLM model context",
+    "vllm.moe_weight_loader": "fixes where shards land in vllm-ascend's transposed weights (upstream is the bug, no "
+    "reference); needs a FusedMoE layer in a vLLM model context",
     "vllm.rotary_flash_attn_guard": "changes what ApplyRotaryEmb imports, not what it computes",
     "vllm.engine_partial_wake_up": "EngineCore scheduling control flow",
     "verl.": "hands targets back from verl's own patches: ownership, no arithmetic",
     "ascend.rms_norm_residual": "numeric, but AscendRMSNorm needs a vLLM config context: not built yet",
+    "ascend.sfa_indexer_scale": "changes the indexer weights' scale on purpose (upstream is the bug, no reference); "
+    "needs the SFA attention layer",
     "ascend.": "vllm-ascend weight handling / memory / capture control flow inside a running engine",
     "liger.": "arbitration between Liger-Kernel and our kernels: no arithmetic of its own",
     "tensordict.": "device synchronisation after copies: no arithmetic",
