@@ -2,9 +2,11 @@
 of the environment as ``python -m verl_npu_autopatch._doctor_child``.
 
 It activates the engine, imports every target that can be imported, settles the records and prints
-the report as JSON after :data:`DOCTOR_MARK`. Before each step it prints a progress line after
-:data:`STEP_MARK`, so a parent that times out can say what was still running. Nothing of the
-package beyond this module is imported before the first step is announced.
+the report as JSON after :data:`DOCTOR_MARK`; with ``--verify`` the report also holds what
+:func:`verl_npu_autopatch.verify.run` found (patched against upstream kernels on tiny inputs).
+Before each step it prints a progress line after :data:`STEP_MARK`, so a parent that times out
+can say what was still running. Nothing of the package beyond this module is imported before the
+first step is announced.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ def step(what: str) -> None:
     sys.stdout.flush()
 
 
-def main() -> None:
-    """Activate, import every pending target, print the report."""
+def main(argv: list[str] | None = None) -> None:
+    """Activate, import every pending target, print the report (``--verify``: and verify)."""
+    verifying = "--verify" in (sys.argv[1:] if argv is None else argv)
     step("activation (loading the catalogue and the plugins)")
     from verl_npu_autopatch._config import read_config
     from verl_npu_autopatch.engine import activate, engine, report
@@ -49,6 +52,14 @@ def main() -> None:
     data = report().to_dict()
     data["import_errors"] = errors
     data["strict"] = read_config().strict
+    if verifying:
+        step("verifying the kernels against upstream")
+        from verl_npu_autopatch import verify
+
+        try:
+            data["verify"] = verify.run(data["records"])
+        except Exception as exc:  # a bug of the verification itself: reported, the records still are
+            data["verify"] = {**verify.absent(), "ok": False, "error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write("\n" + DOCTOR_MARK + json.dumps(data))
 
 

@@ -13,12 +13,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_npu_autopatch import _environment, _gates, catalog
+from verl_npu_autopatch import _environment, _gates, _summary, catalog
 from verl_npu_autopatch._config import VARIABLES, read_config, startup
 from verl_npu_autopatch._version import __version__
-from verl_npu_autopatch.doctor import DOCTOR_TIMEOUT_S, TIMED_OUT, doctor_exit_code, print_doctor, run_doctor
+from verl_npu_autopatch.doctor import (
+    DOCTOR_TIMEOUT_S,
+    MISMATCH,
+    TIMED_OUT,
+    doctor_exit_code,
+    print_doctor,
+    run_doctor,
+)
 from verl_npu_autopatch.records import table
 from verl_npu_autopatch.spec import Patch, Target
+from verl_npu_autopatch.verify import absent as verify_absent
 
 #: Distributions whose versions ``status`` shows.
 SHOWN_DISTRIBUTIONS = (
@@ -109,30 +117,67 @@ def status_data() -> dict[str, Any]:
     }
 
 
-def print_status(data: dict[str, Any]) -> None:
-    print(f"verl-npu-autopatch {data['version']} ({data['package']})")
-    print(f"python: {data['python']}")
-    files = data["install_files"] or ["NOT FOUND: start-up hook not installed in this environment"]
-    print("start-up files: " + "\n                ".join(files))
-    print(f"observer installed in this process: {'yes' if data['observer_installed'] else 'no'}")
-    print(f"device: {data['device']}" + (f" -> inactive: {data['inactive_reason']}" if not data["active"] else ""))
-    print("configuration: " + ", ".join(f"{k}={v}" for k, v in data["configuration"].items() if k != "warnings"))
-    for text in data["errors"]:
-        print(f"ERROR: {text}")
-    for text in data["warnings"]:
-        print(f"WARNING: {text}")
-    print("installed: " + ", ".join(f"{k} {v}" for k, v in data["distributions"].items() if v))
+def verified_status_data() -> dict[str, Any]:
+    """:func:`status_data` plus what ``doctor --verify`` finds here (the node probe of
+    ``doctor --ray --verify``): the doctor child runs with this process's environment."""
+    data = status_data()
+    found = run_doctor(None, verify=True)
+    data["verify"] = found.get("verify") or {
+        **verify_absent(),
+        "ok": False,
+        "error": f"the doctor child {found['status']}: {found.get('reason', '')}",
+    }
+    return data
+
+
+def _status_rows(data: dict[str, Any]) -> list[list[str]]:
+    """``[name, decision, why]`` per patch, failed plugin loads and skipped entry points."""
     rows = [[p["name"], p["state"], p["reason"]] for p in data["patches"]]
     rows += [[e["name"], "failed", e["error"]] for e in data["load_errors"]]
     off = "turned off by VERL_NPU_AUTOPATCH_DISABLE (not imported)"
-    rows += [[name, "disabled", off] for name in data["skipped_entry_points"]]
+    return rows + [[name, "disabled", off] for name in data["skipped_entry_points"]]
+
+
+def status_attention(data: dict[str, Any]) -> list[str]:
+    """What ``status`` asks the reader to look at: errors, warnings, plugins that failed to load,
+    a missing start-up hook."""
+    items = [f"ERROR: {text}" for text in data["errors"]]
+    items += [f"WARNING: {text}" for text in data["warnings"]]
+    items += [f"plugin {e['name']} failed to load: {e['error']}" for e in data["load_errors"]]
+    if not data["install_files"]:
+        items.append("the start-up hook (.pth) is not installed in this environment: see docs/troubleshooting.md")
+    return items
+
+
+def print_status(data: dict[str, Any], full: bool = False) -> None:
+    """The summary (and with ``full`` every patch and what it touches), fitting 120 columns."""
+    say = _summary.say
+    say(f"verl-npu-autopatch {data['version']}: device {data['device']}")
+    if not data["active"]:
+        say(f"inactive: {data['inactive_reason']}")
+    rows = _status_rows(data)
+    print("\n".join(_summary.groups([(n, s, r) for n, s, r in rows], [row[0] for row in rows], "status --all")))
+    print("\n" + "\n".join(_summary.attention(status_attention(data))))
     print()
-    print(table(rows, ["patch", "decision", "why"]) if rows else "no patches in the catalogue")
+    say(f"package: {data['package']}")
+    say(f"python: {data['python']}")
+    print("start-up files:")
+    for path in data["install_files"] or ["NOT FOUND: start-up hook not installed in this environment"]:
+        say(path, indent="  ")
+    say(f"observer installed in this process: {'yes' if data['observer_installed'] else 'no'}")
+    say("configuration: " + ", ".join(f"{k}={v}" for k, v in data["configuration"].items() if k != "warnings"))
+    say("installed: " + ", ".join(f"{k} {v}" for k, v in data["distributions"].items() if v))
+    if not full:
+        print("\nevery patch, its reason and what it touches: verl-npu-autopatch status --all")
+        return
+    print()
+    print(table(rows, ["patch", "decision", "why"], width=_summary.WIDTH) if rows else "no patches in the catalogue")
     if data["patches"]:
-        print()
-        print("what each patch touches:")
+        print("\nwhat each patch touches:")
         for plan in data["patches"]:
-            print(f"  {plan['name']}: " + "; ".join(plan["touches"]))
+            print(f"  {plan['name']}:")
+            for line in plan["touches"]:
+                say(line, indent="    ")
 
 
 def catalogue_data() -> list[dict[str, Any]]:
@@ -191,12 +236,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="this environment, configuration and each patch's gates")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--all", action="store_true", help="every patch, its reason and what it touches")
     listing = sub.add_parser("list", help="the patch catalogue")
     listing.add_argument("--json", action="store_true")
     listing.add_argument("--markdown", action="store_true", help="print docs/patches.md")
     doctor = sub.add_parser("doctor", help="import every installed target in a fresh interpreter and report")
     doctor.add_argument("--json", action="store_true")
     doctor.add_argument("--device", choices=["npu", "auto", "none"], help="npu: dry run on a non-NPU host")
+    doctor.add_argument("--all", action="store_true", help="every record with its target and reason")
+    doctor.add_argument(
+        "--verify",
+        action="store_true",
+        help="also run each applied kernel patch against upstream on tiny inputs on the device (errors, time); "
+        f"exit code {MISMATCH} when one disagrees or cannot run (with --ray: every node, a problem there)",
+    )
     doctor.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="probe every node of a Ray cluster")
     doctor.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the node probes run in")
     doctor.add_argument(
@@ -221,7 +274,7 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "status":
         data = status_data()
-        print(json.dumps(data, indent=2)) if args.json else print_status(data)
+        print(json.dumps(data, indent=2)) if args.json else print_status(data, full=args.all)
         return 0
     if args.command == "list":
         entries = catalogue_data()
@@ -236,7 +289,8 @@ def _main(argv: list[str] | None) -> int:
     if args.ray is not None or args.runtime_env is not None:
         from verl_npu_autopatch import ray_doctor
 
-        return ray_doctor.main(args, status=f"{__name__}:{status_data.__name__}")
-    data = run_doctor(args.device, args.timeout or DOCTOR_TIMEOUT_S)
-    print(json.dumps(data, indent=2)) if args.json else print_doctor(data)
+        probe = verified_status_data if args.verify else status_data
+        return ray_doctor.main(args, status=f"{__name__}:{probe.__name__}")
+    data = run_doctor(args.device, args.timeout or DOCTOR_TIMEOUT_S, verify=args.verify)
+    print(json.dumps(data, indent=2)) if args.json else print_doctor(data, full=args.all)
     return doctor_exit_code(data)

@@ -9,30 +9,32 @@ import subprocess
 import sys
 from typing import Any
 
+from verl_npu_autopatch import _summary
 from verl_npu_autopatch._doctor_child import DOCTOR_MARK, STEP_MARK
-from verl_npu_autopatch.records import table
 
 #: Seconds the doctor child may run (a cold vLLM import takes about a minute on a slow disk).
 DOCTOR_TIMEOUT_S = 600.0
 
 #: ``doctor`` exit codes: all well / a patch failed / the child crashed or activation failed /
-#: the child did not finish within ``--timeout``.
-OK, PATCH_FAILED, CRASHED, TIMED_OUT = 0, 1, 2, 3
+#: the child did not finish within ``--timeout`` / ``--verify`` found a kernel that disagrees with
+#: upstream (or could not run it).
+OK, PATCH_FAILED, CRASHED, TIMED_OUT, MISMATCH = 0, 1, 2, 3, 4
 
 #: The command line of the doctor child, after the interpreter.
 CHILD = ("-m", "verl_npu_autopatch._doctor_child")
 
 
-def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S) -> dict[str, Any]:
-    """Run the doctor child: a fresh interpreter of this environment imports every target. It
-    runs in its own session, so a timeout ends it and anything it started."""
+def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bool = False) -> dict[str, Any]:
+    """Run the doctor child: a fresh interpreter of this environment imports every target (and
+    with ``verify`` checks the kernels against upstream). It runs in its own session, so a timeout
+    ends it and anything it started."""
     import signal
 
     env = dict(os.environ)
     if device:
         env["VERL_NPU_AUTOPATCH_DEVICE"] = device
     proc = subprocess.Popen(
-        [sys.executable, *CHILD],
+        [sys.executable, *CHILD, *(["--verify"] if verify else [])],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -69,36 +71,62 @@ def doctor_exit_code(data: dict[str, Any]) -> int:
     if data["status"] in ("crashed", "failed"):
         return CRASHED
     bad = ("failed", "superseded", "unsupported") if data.get("strict") else ("failed", "superseded")
-    return PATCH_FAILED if any(r["state"] in bad for r in data["records"]) else OK
+    if any(r["state"] in bad for r in data["records"]):
+        return PATCH_FAILED
+    return MISMATCH if "verify" in data and not data["verify"]["ok"] else OK
 
 
-def print_doctor(data: dict[str, Any]) -> None:
-    """The report as ``doctor`` prints it: the engine line, the records table, what went wrong."""
+#: Record states ``doctor`` lists under "needs attention", with their reasons.
+ATTENTION = ("failed", "superseded", "unsupported")
+
+
+def doctor_attention(data: dict[str, Any]) -> list[str]:
+    """What ``doctor`` asks the reader to look at: warnings, records that failed, were superseded
+    or found unsupported code, target modules that raised on import."""
+    items = [f"WARNING: {text}" for text in data["warnings"]]
+    items += [f"{r['state']}: {r['name']}: {r['reason']}" for r in data["records"] if r["state"] in ATTENTION]
+    items += [f"could not import {module}: {error}" for module, error in data.get("import_errors", {}).items()]
+    return items
+
+
+def print_doctor(data: dict[str, Any], full: bool = False) -> None:
+    """The report as ``doctor`` prints it, fitting 120 columns (tracebacks aside): the engine
+    line, the summary and what needs attention (``full``: every record), the verification, what
+    went wrong."""
     if data["status"] == "timed-out":
         print(f"doctor: TIMED OUT: {data['reason']}\n{data['stderr']}")
         return
     if data["status"] == "crashed":
         print(f"doctor: the child interpreter crashed ({data['reason']})\n{data['stderr']}")
         return
-    print(f"engine: {data['status']} ({data['reason']}); device: {data['device']}; pid {data['pid']}")
+    _summary.say(f"engine: {data['status']} ({data['reason']}); device: {data['device']}; pid {data['pid']}")
     if data["status"] == "inactive" and data["reason"].startswith("switched off"):
         print("patching is switched off in this environment: unset VERL_NPU_AUTOPATCH (or set it to 1) to turn it on")
     elif data["status"] == "inactive" and not data["records"]:
         print("nothing is patched on this host; `verl-npu-autopatch doctor --device npu` is a dry run of an NPU host")
-    for text in data["warnings"]:
-        print(f"WARNING: {text}")
-    rows = [[r["name"], r["state"], r["target"], r["reason"]] for r in data["records"]]
-    if rows:
-        print(table(rows, ["patch", "state", "target", "why"]))
-    for module, error in data.get("import_errors", {}).items():
-        print(f"could not import {module}: {error}")
-    superseded = [r["name"] for r in data["records"] if r["state"] == "superseded"]
+    records = data["records"]
+    if records:
+        names = [r["name"] for r in records]
+        rows = ((r["name"], r["state"], r["reason"]) for r in records)
+        print("\n".join(_summary.groups(rows, names, "doctor --all")))
+    print("\n".join(_summary.attention(doctor_attention(data))))
+    if records and full:
+        rows = [(r["name"], r["state"], r["target"], r["reason"]) for r in records]
+        print("\n" + "\n".join(_summary.records_list(rows)))
+    elif records:
+        print("every patch with its target and reason: verl-npu-autopatch doctor --all")
+    if "verify" in data:
+        from verl_npu_autopatch.verify import render
+
+        print("\n" + "\n".join(render(data["verify"])))
+    superseded = [r["name"] for r in records if r["state"] == "superseded"]
     if superseded:
-        print(
-            f"\nSUPERSEDED: {', '.join(superseded)}: the fix was installed, but something else runs there now "
-            "(the why column names it; see docs/troubleshooting.md, Record states)"
+        print()
+        _summary.say(
+            f"SUPERSEDED: {', '.join(superseded)}: the fix was installed, but something else runs there now "
+            "(needs attention names it; see docs/troubleshooting.md, Record states)"
         )
-    failed = [r["name"] for r in data["records"] if r["state"] == "failed"]
+    failed = [r["name"] for r in records if r["state"] == "failed"]
     if failed:
         print(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{data['stderr']}")
     elif data["status"] == "failed":

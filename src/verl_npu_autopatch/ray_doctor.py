@@ -99,6 +99,7 @@ def summarize(node: dict[str, Any], found: dict[str, Any] | None, error: str | N
         "distributions": None,
         "would_apply": [],
         "patches": {},
+        "verify": None,
         "status": None,
     }
     status = (found or {}).get("status")
@@ -111,6 +112,7 @@ def summarize(node: dict[str, Any], found: dict[str, Any] | None, error: str | N
             distributions=status["distributions"],
             would_apply=[p["name"] for p in status["patches"] if p["state"] == "would apply"],
             patches={p["name"]: p["state"] for p in status["patches"]},
+            verify=status.get("verify"),  # doctor --ray --verify only
             status=status,
         )
     return entry
@@ -175,8 +177,21 @@ def problems(entries: list[dict[str, Any]], disagreeing: list[dict[str, Any]]) -
                 f"{where}: the package imports but its start-up hook did not run in a fresh worker "
                 "(.pth not processed: package shipped on PYTHONPATH via py_modules/working_dir, or python -S?)"
             )
+        if entry["verify"] is not None and not entry["verify"]["ok"]:
+            found.append(f"{where}: doctor --verify: {verify_summary(entry['verify'])}")
     found += [f"nodes disagree on {d['field']}" for d in disagreeing]
     return found
+
+
+def verify_summary(report: dict[str, Any]) -> str:
+    """One line for a node's ``doctor --verify`` report: how many checks passed, which failed."""
+    if report["error"]:
+        return f"could not run: {_short(report['error'])}"
+    results = report["results"]
+    failed = sorted({r["name"] for r in results if not r["passed"]})
+    where = f" on {report['device']}" if report["device"] else ""
+    text = f"{len(results) - sum(not r['passed'] for r in results)}/{len(results)} checks passed{where}"
+    return text + (f"; MISMATCH: {', '.join(failed)}" if failed else "")
 
 
 # --------------------------------------------------------------------------- running
@@ -286,6 +301,9 @@ def render(data: dict[str, Any]) -> str:
     lines = [f"verl-npu-autopatch doctor --ray: {len(entries)} alive node(s) at {data['address']}{env}", ""]
     lines += [table(rows, ["node"] + [name for name, _ in COLUMNS]), "", "python per node:"]
     lines += [f"  {_label(e)}: {e['python'] or '?'}" for e in entries]
+    if any(e["verify"] is not None for e in entries):
+        lines += ["", "doctor --verify per node (each check: --json):"]
+        lines += [f"  {_label(e)}: {verify_summary(e['verify'])}" for e in entries if e["verify"] is not None]
     if data["disagreements"]:
         lines += ["", "DISAGREEMENTS (cells marked * differ from the majority):"]
         for item in data["disagreements"]:

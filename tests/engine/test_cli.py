@@ -186,3 +186,86 @@ def test_doctor_and_ray_helpers_never_import_the_command_line() -> None:
             elif isinstance(node, ast.ImportFrom):
                 imported |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module or ""}
         assert not {m for m in imported if m.split(".")[:2] == ["verl_npu_autopatch", "cli"]}, name
+
+
+# --------------------------------------------------------------------------- the first screen (issue 22)
+def assert_fits(text: str) -> list[str]:
+    lines = text.splitlines()
+    assert [line for line in lines if len(line) > 120] == []
+    return lines
+
+
+def test_status_first_screen_is_a_summary_that_fits_120_columns(base_python: Path) -> None:
+    """A newcomer on a CPU host: one line per (state, reason), the patches named compactly, what
+    needs attention; not one row per patch."""
+    data = json.loads(cli(base_python, "status", "--json").stdout)
+    lines = assert_fits(cli(base_python, "status").stdout)
+    counts: dict[str, int] = {}
+    groups: dict[tuple[str, str], int] = {}
+    for plan in data["patches"]:
+        counts[plan["state"]] = counts.get(plan["state"], 0) + 1
+        groups[plan["state"], plan["reason"]] = groups.get((plan["state"], plan["reason"]), 0) + 1
+    assert set(counts) <= {"gated", "disabled"}  # no NPU stack here: nothing would apply
+    expected = ", ".join(f"{counts[s]} {s}" for s in ("gated", "disabled") if s in counts)
+    assert f"summary: {len(data['patches'])} patches: {expected}" in lines
+    for (state, reason), count in groups.items():
+        assert f"  {state} ({count}): {reason}" in lines
+    transformers = [p["name"] for p in data["patches"] if p["name"].startswith("transformers.")]
+    assert f"    transformers.* ({len(transformers)})" in lines  # every one gated alike: named once
+    assert not any(line.startswith("transformers.qwen3.mlp") for line in lines)  # no per-patch table
+    assert "nothing needs attention" in lines
+    assert lines[-1] == "every patch, its reason and what it touches: verl-npu-autopatch status --all"
+    assert len(lines) < len(data["patches"])
+
+
+def test_status_all_lists_every_patch_within_120_columns(base_python: Path) -> None:
+    data = json.loads(cli(base_python, "status", "--json", pythonpath=ROOT / "tests" / "fixtures" / "site").stdout)
+    lines = assert_fits(cli(base_python, "status", "--all", pythonpath=ROOT / "tests" / "fixtures" / "site").stdout)
+    header = next(i for i, line in enumerate(lines) if line.split() == ["patch", "decision", "why"])
+    starts = {line.split()[0] for line in lines[header + 2 :] if line and not line.startswith(" ")}
+    assert {p["name"] for p in data["patches"]} <= starts
+    assert "what each patch touches:" in lines
+    assert "  also changes vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch" not in lines
+    assert "    also changes vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch" in lines
+
+
+def test_status_summary_names_what_needs_attention(base_python: Path) -> None:
+    lines = assert_fits(cli(base_python, "status", env={"VERL_NPU_AUTOPATCH_DEVICE": "bogus"}).stdout)
+    attention = lines.index("needs attention:")
+    assert lines[attention + 1].startswith("  WARNING: VERL_NPU_AUTOPATCH_DEVICE='bogus'")
+    assert "inactive: no NPU stack: torch_npu is not installed (VERL_NPU_AUTOPATCH_DEVICE=auto)" in lines
+
+
+def test_doctor_first_screen_summarises_and_lists_what_needs_attention(base_python: Path) -> None:
+    site = ROOT / "tests" / "fixtures" / "site"
+    env = {"AUTOPATCH_FIXTURE_USURPER": "1"}
+    data = json.loads(cli(base_python, "doctor", "--json", "--device", "npu", env=env, pythonpath=site).stdout)
+    proc = cli(base_python, "doctor", "--device", "npu", env=env, pythonpath=site)
+    lines = assert_fits(proc.stdout)
+    records = {r["name"]: r for r in data["records"]}
+    applied = [name for name, r in records.items() if r["state"] == "applied"]
+    assert lines[1].startswith(f"summary: {len(records)} patches: {len(applied)} applied, ")
+    assert f"  applied ({len(applied)})" in lines and "  superseded (1)" in lines
+    attention = lines[lines.index("needs attention:") + 1 :]
+    assert "  superseded: fixture.forward: replaced by autopatch_usurper.usurped_forward" in attention
+    assert any(line.startswith("  unsupported: fixture.missing: expected vllm.old_layout") for line in attention)
+    assert "every patch with its target and reason: verl-npu-autopatch doctor --all" in lines
+    full = assert_fits(cli(base_python, "doctor", "--all", "--device", "npu", env=env, pythonpath=site).stdout)
+    rows = {line.split()[0]: line.split()[1:3] for line in full if line and not line.startswith(" ")}
+    for name, record in records.items():  # state, then the first target without its package path
+        module, _, qualname = record["target"].split(" | ")[0].partition(":")
+        assert rows[name] == [record["state"], f"{module.rsplit('.', 1)[-1]}:{qualname}"]
+
+
+def test_every_builtin_patch_without_a_kernel_check_says_why() -> None:
+    """``doctor --verify`` compares the transformers kernels with upstream; every other built-in
+    patch was decided (no arithmetic a tiny input can compare) and has its own reason, not the
+    catch-all a plugin's patch gets."""
+    from verl_npu_autopatch import catalog, verify
+    from verl_npu_autopatch.patches import transformers_npu
+
+    kernels = {p.name for p in transformers_npu.PATCHES}
+    others = [p.name for p in catalog.builtin() if p.name not in kernels]
+    assert others and kernels
+    fallback = verify.not_numeric("plugin.anything")
+    assert {name: verify.not_numeric(name) for name in others if verify.not_numeric(name) == fallback} == {}

@@ -152,6 +152,6 @@ def test_status_prints_what_each_patch_touches(base_python: Path) -> None:
     proc = run(base_python, "from verl_npu_autopatch.cli import main; main(['status', '--json'])")
     plans = {p["name"]: p for p in json.loads(proc.stdout)["patches"]}
     assert "triggered by vllm_ascend.patch.worker:__file__" in plans["ascend.routed_experts_capture"]["touches"]
-    text = run(base_python, "from verl_npu_autopatch.cli import main; main(['status'])").stdout
+    text = run(base_python, "from verl_npu_autopatch.cli import main; main(['status', '--all'])").stdout
     assert "what each patch touches:" in text
     assert "also changes vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch" in text

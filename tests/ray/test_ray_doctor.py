@@ -122,3 +122,43 @@ def test_runtime_env_without_ray_is_refused(runner_python: Path) -> None:
         check=False,
     )
     assert proc.returncode == 2 and "--runtime-env needs --ray" in proc.stderr
+
+
+def test_verify_runs_the_doctor_child_on_every_node(runner_python: Path, cluster: Cluster, wheel: Path) -> None:
+    """``--verify`` with ``--ray``: each node's probe runs the doctor child with verification there
+    (no torch on these nodes: no kernel patch applies; the fixture patch that does is listed as
+    having no tiny-input check)."""
+    env = json.dumps({"pip": [str(wheel)], "env_vars": {"PYTHONPATH": str(FIXTURE_SITE)}})
+    code, data = doctor_json(runner_python, cluster, "--runtime-env", env, "--device", "npu", "--verify")
+    assert code == 0, data["problems"]
+    for node in by_node(data, cluster):
+        verify = node["verify"]
+        assert (verify["ok"], verify["error"], verify["results"]) == (True, None, [])
+        assert {"name": "fixture.forward", "reason": "no tiny-input check for this patch"} in verify["not_checked"]
+    lines = doctor(runner_python, cluster, "--runtime-env", env, "--device", "npu", "--verify").stdout.splitlines()
+    assert "doctor --verify per node (each check: --json):" in lines
+    assert f"  {cluster.head_id[:8]} (head): 0/0 checks passed" in lines
+
+
+def test_a_node_whose_kernel_disagrees_is_a_problem() -> None:
+    """What ``--ray --verify`` makes of a node whose verification found a mismatch (the node's
+    report as ``doctor --verify --json`` gives it)."""
+    from verl_npu_autopatch import ray_doctor
+
+    row = {"name": "transformers.qwen3.rms_norm", "passed": True, "error": None}
+    report = {"ok": False, "error": None, "device": "npu", "results": [row, {**row, "passed": False}]}
+    status = {
+        "version": "0.1.0",
+        "device": "npu (torch_npu installed)",
+        "configuration": {"enabled": True},
+        "observer_installed": True,
+        "distributions": {},
+        "patches": [],
+        "verify": report,
+    }
+    node = {"NodeID": "abcdef0123", "NodeManagerAddress": "10.0.0.2"}
+    entry = ray_doctor.summarize(node, {"installed": True, "python": "/py", "status": status})
+    assert ray_doctor.problems([entry], []) == [
+        "node abcdef01 (10.0.0.2, python /py): doctor --verify: 1/2 checks passed on npu; "
+        "MISMATCH: transformers.qwen3.rms_norm"
+    ]

@@ -1,0 +1,261 @@
+"""``doctor --verify``: each applied kernel patch against the upstream callable it replaced, on
+tiny inputs on the device.
+
+Runs in the doctor child (a fresh interpreter, where the patches went in at import). For every
+applied transformers kernel patch and each dtype of :data:`TOLERANCE`, the patched and the
+upstream callable get the same inputs; the outputs (forward) and the gradients of the inputs and
+parameters (backward: every kernel here trains) are compared as the largest absolute error and
+that error relative to the largest upstream magnitude, which must stay within the dtype's
+tolerance. Each callable is also timed (forward and backward, the fastest of a few calls) and
+reported as patched / upstream.
+
+The other patches have no tiny-input check (:data:`NOT_NUMERIC` says why, per patch); they are
+listed, never counted as passed. On an NPU host the tensors go to the ``npu`` device; elsewhere
+(``--device npu``) they stay on the CPU and run whatever ``import torch_npu`` gives.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+#: dtype name -> largest relative error (max abs error / max upstream magnitude) that passes.
+TOLERANCE: dict[str, float] = {"float32": 1e-4, "bfloat16": 2e-2}
+
+#: Timed calls per callable (after one warm-up call); the fastest counts.
+REPEATS = 10
+
+#: What :func:`check` measures; ``None`` in a row that could not be measured.
+MEASURED = (
+    "fwd_max_abs",
+    "fwd_max_rel",
+    "bwd_max_abs",
+    "bwd_max_rel",
+    "tolerance",
+    "patched_us",
+    "upstream_us",
+    "time_ratio",
+)
+
+#: Patches (or name prefixes) without a tiny-input check, and why.
+NOT_NUMERIC: dict[str, str] = {
+    "vllm.moe_weight_loader": "fixes where shards land in vllm-ascend's transposed weights (upstream is the bug, no "
+    "reference); needs a FusedMoE layer in a vLLM model context",
+    "vllm.rotary_flash_attn_guard": "changes what ApplyRotaryEmb imports, not what it computes",
+    "vllm.engine_partial_wake_up": "EngineCore scheduling control flow",
+    "verl.": "hands targets back from verl's own patches: ownership, no arithmetic",
+    "ascend.rms_norm_residual": "numeric, but AscendRMSNorm needs a vLLM config context: not built yet",
+    "ascend.sfa_indexer_scale": "changes the indexer weights' scale on purpose (upstream is the bug, no reference); "
+    "needs the SFA attention layer",
+    "ascend.": "vllm-ascend weight handling / memory / capture control flow inside a running engine",
+    "liger.": "arbitration between Liger-Kernel and our kernels: no arithmetic of its own",
+    "tensordict.": "device synchronisation after copies: no arithmetic",
+    "torch_npu.": "removes torch_npu's refusal of torch.nested: upstream raises, nothing to compare",
+    "megatron.": "GPTModel post-processing control flow: needs a Megatron model",
+}
+
+
+def not_numeric(name: str) -> str:
+    """Why patch ``name`` has no tiny-input check."""
+    for key, reason in NOT_NUMERIC.items():
+        if name == key or (key.endswith(".") and name.startswith(key)):
+            return reason
+    return "no tiny-input check for this patch"
+
+
+def pick_device() -> tuple[Any, str]:
+    """``(torch device, torch_npu origin)``: ``npu`` when torch_npu sees one, else the CPU."""
+    import torch
+    import torch_npu
+
+    origin = getattr(torch_npu, "__file__", None) or repr(torch_npu)
+    npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_available():
+        return torch.device("npu"), origin
+    return torch.device("cpu"), origin
+
+
+def _tensors(out: Any) -> list[Any]:
+    """The floating-point tensors of a callable's result (a tensor or a tuple of them)."""
+    import torch
+
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    return [t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def errors(got: list[Any], want: list[Any]) -> tuple[float, float]:
+    """``(max abs error, max abs error / max |want|)`` over pairs of tensors."""
+    if len(got) != len(want):
+        raise ValueError(f"patched gave {len(got)} tensors, upstream {len(want)}")
+    worst_abs, scale = 0.0, 0.0
+    for a, b in zip(got, want, strict=True):
+        if a.shape != b.shape:
+            raise ValueError(f"patched shape {tuple(a.shape)} != upstream {tuple(b.shape)}")
+        worst_abs = max(worst_abs, (a.float() - b.float()).abs().max().item() if a.numel() else 0.0)
+        scale = max(scale, b.float().abs().max().item() if b.numel() else 0.0)
+    return worst_abs, worst_abs / scale if scale > 0 else worst_abs
+
+
+def _step(fn: Callable[..., Any], call: Any, seeds: list[Any] | None) -> tuple[list[Any], list[Any]]:
+    """One forward (and backward with ``seeds`` as output gradients): outputs and leaf gradients."""
+    import torch
+
+    outs = _tensors(fn(*call.args))
+    if seeds is None:
+        return outs, []
+    pairs = [(o, g) for o, g in zip(outs, seeds, strict=True) if o.requires_grad]
+    grads = torch.autograd.grad([o for o, _ in pairs], call.leaves, [g for _, g in pairs], allow_unused=True)
+    return outs, [torch.zeros_like(leaf) if g is None else g for leaf, g in zip(call.leaves, grads, strict=True)]
+
+
+def _seconds(fn: Callable[..., Any], call: Any, seeds: list[Any], device: Any) -> float:
+    """Seconds of one forward + backward, synchronised with the device: the fastest of
+    :data:`REPEATS` calls after a warm-up (the least disturbed by other work on the host)."""
+    import torch
+
+    sync = torch.npu.synchronize if device.type == "npu" else (lambda: None)
+    _step(fn, call, seeds)
+    best = float("inf")
+    for _ in range(REPEATS):
+        sync()
+        start = time.perf_counter()
+        _step(fn, call, seeds)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def check(case: Any, dtype_name: str, device: Any) -> dict[str, Any]:
+    """One case in one dtype: errors forward and backward, pass/fail, time ratio."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    torch.manual_seed(0)
+    call = case.make(dtype, device)
+    want, _ = _step(case.upstream, call, None)
+    seeds = [torch.randn_like(t) for t in want]
+    want, want_grads = _step(case.upstream, call, seeds)
+    got, got_grads = _step(case.patched, call, seeds)
+    fwd_abs, fwd_rel = errors(got, want)
+    bwd_abs, bwd_rel = errors(got_grads, want_grads)
+    tol = TOLERANCE[dtype_name]
+    patched_s, upstream_s = _seconds(case.patched, call, seeds, device), _seconds(case.upstream, call, seeds, device)
+    return {
+        "fwd_max_abs": fwd_abs,
+        "fwd_max_rel": fwd_rel,
+        "bwd_max_abs": bwd_abs,
+        "bwd_max_rel": bwd_rel,
+        "tolerance": tol,
+        "passed": fwd_rel <= tol and bwd_rel <= tol,
+        "patched_us": patched_s * 1e6,
+        "upstream_us": upstream_s * 1e6,
+        "time_ratio": patched_s / upstream_s if upstream_s > 0 else None,
+    }
+
+
+def _failure(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def absent() -> dict[str, Any]:
+    """An empty verify report: nothing checked, nothing failed (yet)."""
+    return {
+        "device": None,
+        "torch_npu": None,
+        "tolerance": dict(TOLERANCE),
+        "results": [],
+        "not_checked": [],
+        "error": None,
+        "ok": True,
+    }
+
+
+def run(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Verify every applied kernel patch among ``records`` (the doctor child's record dicts)."""
+    from verl_npu_autopatch.patches.transformers_npu import KERNELS
+
+    applied = [r for r in records if r["state"] == "applied"]
+    kernels = [r for r in applied if r["name"].startswith("transformers.") and r["name"].rsplit(".", 1)[-1] in KERNELS]
+    report = absent()
+    report["not_checked"] = [{"name": r["name"], "reason": not_numeric(r["name"])} for r in applied if r not in kernels]
+    if kernels:
+        try:
+            device, report["torch_npu"] = pick_device()
+            report["device"] = str(device)
+        except Exception as exc:
+            report["error"] = f"cannot choose the device ({len(kernels)} applied kernels not verified): {_failure(exc)}"
+            kernels = []
+    for record in kernels:
+        report["results"] += _verify_record(record, device)
+    report["ok"] = report["error"] is None and all(r["passed"] for r in report["results"])
+    return report
+
+
+def _verify_record(record: dict[str, Any], device: Any) -> list[dict[str, Any]]:
+    """One row per dtype for an applied kernel patch; a failure to run is a failed row."""
+    from verl_npu_autopatch._verify_cases import Unverifiable, case
+
+    base = {"name": record["name"], "target": record["target"], "inputs": None, **dict.fromkeys(MEASURED)}
+    try:
+        found = case(record["name"], record["target"])
+    except Unverifiable as exc:
+        return [{**base, "dtype": None, "passed": False, "error": f"cannot verify: {exc}"}]
+    except Exception as exc:
+        return [{**base, "dtype": None, "passed": False, "error": f"building the tiny input raised {_failure(exc)}"}]
+    base["inputs"] = found.inputs
+    rows = []
+    for dtype_name in TOLERANCE:
+        try:
+            rows.append({**base, "dtype": dtype_name, **check(found, dtype_name, device), "error": None})
+        except Exception as exc:
+            failed = {"dtype": dtype_name, "tolerance": TOLERANCE[dtype_name], "passed": False, "error": _failure(exc)}
+            rows.append({**base, **failed})
+    return rows
+
+
+# --------------------------------------------------------------------------- printing
+_SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
+def render(report: dict[str, Any], width: int = 120) -> list[str]:
+    """The ``--verify`` section of ``doctor``: a table of the checks, then what failed and why,
+    and the patches without a tiny-input check; no line is wider than ``width``."""
+    from verl_npu_autopatch.records import table, wrap
+
+    where = f"device {report['device']}, torch_npu from {report['torch_npu']}" if report["device"] else "no device"
+    lines = wrap(f"verify: patched kernel against upstream on tiny inputs ({where})", width)
+    tolerances = ", ".join(f"{_SHORT_DTYPE.get(k, k)} {v:g}" for k, v in report["tolerance"].items())
+    lines += wrap(f"pass: max abs error / max |upstream| <= {tolerances}, forward and backward", width)
+    if report["error"]:
+        lines += wrap(f"VERIFY FAILED: {report['error']}", width)
+    rows = [
+        [
+            r["name"].removeprefix("transformers."),
+            _SHORT_DTYPE.get(r["dtype"], r["dtype"] or "-"),
+            "ok" if r["passed"] else ("ERROR" if r["error"] else "FAIL"),
+            _num(r.get("fwd_max_abs")),
+            _num(r.get("fwd_max_rel")),
+            _num(r.get("bwd_max_abs")),
+            _num(r.get("bwd_max_rel")),
+            "-" if r.get("time_ratio") is None else f"{r['time_ratio']:.2f}x",
+        ]
+        for r in report["results"]
+    ]
+    header = ["kernel", "dtype", "result", "fwd abs", "fwd rel", "bwd abs", "bwd rel", "time patched/upstream"]
+    if rows or not report["error"]:
+        lines += [table(rows, header)] if rows else ["no applied kernel patch to verify"]
+    failed = [r for r in report["results"] if not r["passed"]]
+    for r in failed:
+        why = r["error"] or f"error above the {_SHORT_DTYPE.get(r['dtype'], r['dtype'])} tolerance {r['tolerance']:g}"
+        lines += wrap(f"MISMATCH {r['name']} ({r['dtype'] or 'setup'}): {why}", width, indent="  ")
+    if report["not_checked"]:
+        lines.append("no tiny-input check (applied, not arithmetic that a tiny input can compare):")
+        for item in report["not_checked"]:
+            lines += wrap(f"  {item['name']}: {item['reason']}", width, indent="    ")
+    return lines
