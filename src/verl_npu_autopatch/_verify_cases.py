@@ -152,8 +152,10 @@ def tiny_config() -> Any:
 
 
 def _routing(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Distinct top-k experts per token and their softmax weights (a leaf: the router trains)."""
-    index = torch.rand(B * S, E).topk(K, dim=-1).indices.to(device)
+    """Distinct top-k experts per token and their softmax weights (a leaf: the router trains). The
+    last expert gets no token: its weight gradient must be zero as upstream's, which no torch_npu
+    document promises for the K-split grouped matmul (docs/device-contract.md)."""
+    index = torch.rand(B * S, E - 1).topk(K, dim=-1).indices.to(device)
     weights = torch.softmax(torch.randn(B * S, K), dim=-1).to(device=device, dtype=dtype).requires_grad_()
     return index, weights
 

@@ -172,3 +172,15 @@ def test_verify_without_torch_npu_says_it_could_not_run(tmp_path: Path) -> None:
         in (" ".join(proc.stdout.split()))
     )
     assert "no applied kernel patch to verify" not in proc.stdout
+
+
+def test_the_experts_check_leaves_the_last_expert_without_tokens() -> None:
+    """The empty expert's zero weight gradient (assumed by us and verl, promised by no document) is
+    compared with upstream's on the device."""
+    import torch
+
+    from verl_npu_autopatch import _verify_cases as cases
+
+    index, _ = cases._routing(torch.float32, torch.device("cpu"))
+    assert index.shape == (cases.B * cases.S, cases.K)
+    assert int(index.max()) == cases.E - 2  # experts 0 .. E-2 get tokens, E-1 none
