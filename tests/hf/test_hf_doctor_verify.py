@@ -64,10 +64,13 @@ def doctor(
 
 
 def applied_kernels(data: dict) -> set[str]:
+    """The applied transformers kernel patches (not the other transformers fixes, e.g. deepstack)."""
     return {
         r["name"]
         for r in data["records"]
-        if r["state"] == "applied" and r["name"].startswith("transformers.") and r["name"].count(".") == 2
+        if r["state"] == "applied"
+        and r["name"].startswith("transformers.")
+        and r["name"].rsplit(".", 1)[-1] in transformers_npu.KERNELS
     }
 
 
