@@ -198,6 +198,7 @@ def routed_experts(
     routing-weighted sum of its experts' outputs.
     """
     ops = npu()
+    # int32 indices as verl's hardware-run callers pass them (the torch_npu docs name int64; both run)
     permuted, sorted_indices = ops.npu_moe_token_permute(tokens, top_k_index.to(torch.int32))
     counts = group_counts(top_k_index, gate_up.shape[0])
     hidden = grouped_matmul(permuted, gate_up, counts)
@@ -227,6 +228,8 @@ def run_fused_experts(
     flip = getattr(experts, "is_transposed", transposed)
     gate_up = experts.gate_up_proj if flip else experts.gate_up_proj.transpose(1, 2)
     down = experts.down_proj if flip else experts.down_proj.transpose(1, 2)
+    # Row-major [E, K, N] weights, as verl's qwen3_5_moe_experts_forward_npu makes them (a copy where the
+    # module holds the F.linear layout); the backward then hands dx the transposed view.
     return routed_experts(tokens, top_k_index, top_k_weights, gate_up.contiguous(), down.contiguous())
 
 
