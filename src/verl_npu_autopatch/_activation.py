@@ -47,7 +47,7 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
                 startup.fall_inert(spec.name)
             else:
                 begin_guard(spec.name)
-        except Exception:
+        except Exception:  # the decision is retried by exec_module (engine.activate); the import must go on
             pass
     create = getattr(loader.loader, "create_module", None)
     return create(spec) if create is not None else None
@@ -77,14 +77,14 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
         if engine is not None:
             try:
                 engine.engine().module_failed(module)
-            except Exception:
+            except Exception:  # the import's own exception is what the user must see
                 pass
         startup.unframed(exc, exec_module.__code__)
         raise
     if engine is not None:
         try:
             engine.engine().module_loaded(module)
-        except Exception as exc:
+        except Exception as exc:  # recorded and logged by the engine; outside strict mode the import succeeds
             if type(exc).__name__ == "PatchError":  # strict mode: raise at the target's import
                 raise
 
@@ -128,7 +128,7 @@ def guard(activator: int, packages: "Any" = None) -> None:
         startup.activator = activator
         startup.gated = None if packages is None else startup.WATCHED | frozenset(packages)
         startup.find_spec = guarding
-    except Exception:
+    except Exception:  # unguarded is the worst case; an import must never fail here
         pass
 
 
@@ -202,5 +202,5 @@ def after_fork_in_child() -> None:
         if guarded() and startup.activator != _thread.get_ident():  # the engine's part was done
             status = "not-activated" if engine is None else engine.engine().status
             observe_again(True) if status == "not-activated" else stop_observing()
-    except Exception:
+    except Exception:  # a fork handler must not raise in the child; it then imports unguarded
         pass

@@ -46,7 +46,7 @@ def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bo
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
+        except OSError:  # no such process group (already gone): kill the child alone
             proc.kill()
         stdout, stderr = proc.communicate()
         steps = [line.split(STEP_MARK, 1)[1] for line in stdout.splitlines() if STEP_MARK in line]
