@@ -59,13 +59,15 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
     engine patch the module itself (wrapt never saw this import). If the module raises, the
     engine hooks its next import, and this frame leaves the traceback (3.11+)."""
     module.__loader__ = loader.loader
-    if getattr(module, "__spec__", None) is not None:
-        module.__spec__.loader = loader.loader
-    engine = None
+    spec = getattr(module, "__spec__", None)
+    if spec is not None:
+        spec.loader = loader.loader
+    engine: ModuleType | None = None
     try:
-        from verl_npu_autopatch import engine
+        from verl_npu_autopatch import engine as imported
 
-        engine.activate(trigger=loader.waits_for or module.__name__)
+        imported.activate(trigger=loader.waits_for or module.__name__)
+        engine = imported
     except Exception as exc:  # the engine records its own failures; never break the import
         if type(exc).__name__ == "PatchError":  # strict mode: raise at the watched import
             raise
@@ -165,7 +167,8 @@ def blocked_on_us(activator: int) -> bool:
     where it is not there): an import held for the activation must then go on, or deadlock."""
     try:
         blocking = getattr(sys.modules.get("_frozen_importlib"), "_blocking_on", None)
-        me, seen, thread = _thread.get_ident(), set(), activator
+        me, seen = _thread.get_ident(), set()
+        thread: int | None = activator
         while blocking and thread not in seen:
             seen.add(thread)
             locks = blocking.get(thread)

@@ -111,8 +111,8 @@ def print_doctor(data: dict[str, Any], full: bool = False) -> None:
         print("\n".join(_summary.groups(rows, names, "doctor --all")))
     print("\n".join(_summary.attention(doctor_attention(data))))
     if records and full:
-        rows = [(r["name"], r["state"], r["target"], r["reason"]) for r in records]
-        print("\n" + "\n".join(_summary.records_list(rows)))
+        full_rows = [(r["name"], r["state"], r["target"], r["reason"]) for r in records]
+        print("\n" + "\n".join(_summary.records_list(full_rows)))
     elif records:
         print("every patch with its target and reason: verl-npu-autopatch doctor --all")
     if "verify" in data:

@@ -331,7 +331,7 @@ class Engine:
 
         self.verify()
         with self._lock:
-            records = [self.record(name) for name in self._slots]
+            records = [record for name in self._slots if (record := self.record(name)) is not None]
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
     def verify(self) -> None:
