@@ -25,6 +25,13 @@ __all__ = [
     "unsupported",
 ]
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # what a type checker sees; at run time the names resolve lazily (``__getattr__``)
+    from verl_npu_autopatch import patching
+    from verl_npu_autopatch._version import __version__ as __version__
+    from verl_npu_autopatch.engine import PatchError, activate, report, revert
+    from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+
 _LAZY = {
     "__version__": "verl_npu_autopatch._version",
     "activate": "verl_npu_autopatch.engine",

@@ -47,7 +47,7 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
                 startup.fall_inert(spec.name)
             else:
                 begin_guard(spec.name)
-        except Exception:
+        except Exception:  # the decision is retried by exec_module (engine.activate); the import must go on
             pass
     create = getattr(loader.loader, "create_module", None)
     return create(spec) if create is not None else None
@@ -59,13 +59,15 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
     engine patch the module itself (wrapt never saw this import). If the module raises, the
     engine hooks its next import, and this frame leaves the traceback (3.11+)."""
     module.__loader__ = loader.loader
-    if getattr(module, "__spec__", None) is not None:
-        module.__spec__.loader = loader.loader
-    engine = None
+    spec = getattr(module, "__spec__", None)
+    if spec is not None:
+        spec.loader = loader.loader
+    engine: ModuleType | None = None
     try:
-        from verl_npu_autopatch import engine
+        from verl_npu_autopatch import engine as imported
 
-        engine.activate(trigger=loader.waits_for or module.__name__)
+        imported.activate(trigger=loader.waits_for or module.__name__)
+        engine = imported
     except Exception as exc:  # the engine records its own failures; never break the import
         if type(exc).__name__ == "PatchError":  # strict mode: raise at the watched import
             raise
@@ -77,14 +79,14 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
         if engine is not None:
             try:
                 engine.engine().module_failed(module)
-            except Exception:
+            except Exception:  # the import's own exception is what the user must see
                 pass
         startup.unframed(exc, exec_module.__code__)
         raise
     if engine is not None:
         try:
             engine.engine().module_loaded(module)
-        except Exception as exc:
+        except Exception as exc:  # recorded and logged by the engine; outside strict mode the import succeeds
             if type(exc).__name__ == "PatchError":  # strict mode: raise at the target's import
                 raise
 
@@ -128,7 +130,7 @@ def guard(activator: int, packages: "Any" = None) -> None:
         startup.activator = activator
         startup.gated = None if packages is None else startup.WATCHED | frozenset(packages)
         startup.find_spec = guarding
-    except Exception:
+    except Exception:  # unguarded is the worst case; an import must never fail here
         pass
 
 
@@ -159,6 +161,28 @@ def observe_again(hooked: bool) -> None:
         startup.put_first()
 
 
+def blocked_on_us(activator: int) -> bool:
+    """Whether thread ``activator`` waits, through a chain of module locks, for one this thread
+    holds (read from the import system's own deadlock bookkeeping, ``_blocking_on``; ``False``
+    where it is not there): an import held for the activation must then go on, or deadlock."""
+    try:
+        blocking = getattr(sys.modules.get("_frozen_importlib"), "_blocking_on", None)
+        me, seen = _thread.get_ident(), set()
+        thread: int | None = activator
+        while blocking and thread not in seen:
+            seen.add(thread)
+            locks = blocking.get(thread)
+            if locks is None:
+                return False
+            owners = [getattr(lock, "owner", None) for lock in (locks if isinstance(locks, list) else [locks])]
+            if me in owners:
+                return True
+            thread = next((owner for owner in owners if owner is not None), None)
+        return False
+    except Exception:  # private CPython bookkeeping whose shape may change: then no deadlock is seen
+        return False
+
+
 _at_fork: list[bool] = []
 
 
@@ -181,5 +205,5 @@ def after_fork_in_child() -> None:
         if guarded() and startup.activator != _thread.get_ident():  # the engine's part was done
             status = "not-activated" if engine is None else engine.engine().status
             observe_again(True) if status == "not-activated" else stop_observing()
-    except Exception:
+    except Exception:  # a fork handler must not raise in the child; it then imports unguarded
         pass

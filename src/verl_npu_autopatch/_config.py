@@ -25,7 +25,7 @@ def _startup_module():
         _imp.acquire_lock()
         try:
             found = sys.modules.get(name) or __import__(name)
-        except Exception:
+        except Exception:  # a broken start-up module: this package's own copy is used instead
             found = None
         finally:
             _imp.release_lock()

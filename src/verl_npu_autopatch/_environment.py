@@ -64,7 +64,7 @@ def main_interpreter() -> bool:
         return bool(probe())
     try:
         import _xxsubinterpreters as interpreters
-    except ImportError:
+    except ImportError:  # no sub-interpreter module in this build: the only interpreter is the main one
         return True
     return bool(interpreters.get_current() == interpreters.get_main())
 
@@ -103,7 +103,7 @@ def npu_device_visible() -> bool:
 
             npu = getattr(torch, "npu", None)
         return bool(npu is not None and npu.is_available())
-    except Exception:
+    except Exception:  # a broken torch_npu or driver: no device to use, as the gate says
         return False
 
 
@@ -118,7 +118,7 @@ def distribution_version(name: str) -> str | None:
             try:
                 found = metadata.version(candidate)
                 break
-            except metadata.PackageNotFoundError:
+            except metadata.PackageNotFoundError:  # not installed under this name: try the next alias
                 continue
         _versions[key] = found
     return _versions[key]

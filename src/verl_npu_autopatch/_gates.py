@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from verl_npu_autopatch._config import Config
+    from verl_npu_autopatch.records import RecordState
     from verl_npu_autopatch.spec import Patch, Target
 
 
@@ -19,7 +20,7 @@ class Plan:
 
     __slots__ = ("reason", "state", "variants", "versions")
 
-    def __init__(self, state: str, reason: str, versions: dict[str, str | None], variants: tuple[Target, ...]):
+    def __init__(self, state: RecordState, reason: str, versions: dict[str, str | None], variants: tuple[Target, ...]):
         self.state = state
         self.reason = reason
         self.versions = versions

@@ -1,6 +1,11 @@
-"""What the engine installed: remembered per slot, re-verified against the live attribute
-(``ownership.verify``), applied again after ``importlib.reload``, and handed over between
-patches (the :class:`~verl_npu_autopatch.handover.HandOver` interface)."""
+"""Applying each pending patch and keeping what it installed: the pipeline's outcome recorded
+in the patch's slot, what was installed remembered there, re-verified against the live attribute
+(``ownership.verify``), applied again after ``importlib.reload``, handed over between patches
+(the :class:`~verl_npu_autopatch.handover.HandOver` methods the engine forwards here) and
+reverted.
+
+:class:`Installed` is an object the engine holds; what it needs from the engine is the narrow
+:class:`Host` interface, and nothing else."""
 
 from __future__ import annotations
 
@@ -8,37 +13,142 @@ from verl_npu_autopatch import _logging
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inert path never needs it
-    import _thread
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from types import ModuleType
-    from typing import Any
+    from typing import Any, Protocol
 
     from verl_npu_autopatch import ownership
+    from verl_npu_autopatch._config import Config
+    from verl_npu_autopatch._pipeline import Outcome
     from verl_npu_autopatch._slots import Slot
-    from verl_npu_autopatch.records import Record
+    from verl_npu_autopatch.handover import HandOver
+    from verl_npu_autopatch.records import Record, RecordState
     from verl_npu_autopatch.spec import Patch, Site, Undo
+
+    class Host(HandOver, Protocol):
+        """What :class:`Installed` needs from the engine holding it: the lock over the slots and
+        their records, the slots, the configuration (set by activation), recording a decision,
+        and itself as the hand-over the fixes' sites carry."""
+
+        @property
+        def lock(self) -> Any: ...  # an ``_thread.RLock``, replaced in a forked child
+
+        @property
+        def slots(self) -> dict[str, Slot]: ...
+
+        @property
+        def config(self) -> Config | None: ...
+
+        def set_state(
+            self, record: Record, state: RecordState, reason: str, exc: BaseException | None = None
+        ) -> None: ...
+
 
 __all__ = ["Installed"]
 
 
 class Installed:
-    """The engine's ownership and hand-over half (a mixin of ``engine.Engine``)."""
+    """The ownership and hand-over half of an engine: what its fixes installed, and who owns
+    each of those targets now."""
 
-    _lock: _thread.RLock
-    _slots: dict[str, Slot]
-    _watcher: ownership.ReloadWatcher | None
+    def __init__(self, host: Host, strict_error: type[Exception]) -> None:
+        self._host = host
+        self._strict_error = strict_error  # the engine's PatchError
+        self._watcher: ownership.ReloadWatcher | None = None
+        self._absent: set[str] = set()  # modules ``settle`` was told do not exist
 
-    if TYPE_CHECKING:  # provided by engine.Engine
+    # ----------------------------------------------------------------- application
+    def on_import(self, module: ModuleType) -> list[Exception]:
+        """Apply every pending patch that targets ``module``; returns the strict-mode errors."""
+        with self._host.lock:
+            patches = [
+                slot.patch
+                for slot in self._host.slots.values()
+                if slot.patch is not None and any(t.module == module.__name__ for t in slot.variants)
+            ]
+        return [error for error in (self.apply(patch, module) for patch in patches) if error is not None]
 
-        def _apply(self, patch: Patch, module: ModuleType | None) -> Exception | None: ...
-        def _set(self, record: Record, state: str, reason: str, exc: BaseException | None = None) -> None: ...
+    def pending_modules(self) -> list[str]:
+        """Modules still awaited by pending patches, in catalogue order."""
+        with self._host.lock:
+            slots = self._host.slots.values()
+            modules = [t.module for slot in slots if slot.record.state == "pending" for t in slot.variants]
+        return list(dict.fromkeys(modules))
 
-    def _remember(self, slot: Slot, site: Site, reason: str, undo: Undo | None = None) -> None:
+    def settle(self, absent: Iterable[str], catch_up: Callable[[], None]) -> None:
+        """Conclude every pending patch from what is imported and ``absent`` (modules that do not
+        exist here), once ``catch_up`` has handled the modules whose hook was deferred: a patch
+        none of whose variants can be found any more becomes ``unsupported``."""
+        with self._host.lock:
+            self._absent.update(absent)
+            slots = self._host.slots.values()
+            pending = [s.patch for s in slots if s.patch is not None and s.record.state == "pending" and s.variants]
+        catch_up()
+        for patch in pending:
+            self.apply(patch, None)
+
+    def apply(self, patch: Patch, module: ModuleType | None) -> Exception | None:
+        """Decide and apply one pending patch on a freshly imported module (``None``: from what
+        is imported and what ``settle`` knows is absent) and record the outcome. Returns a
+        strict-mode error."""
+        from verl_npu_autopatch import _pipeline
+
+        host = self._host
+        config = host.config
+        assert config is not None, "hooks are registered only by activate()"
+        with host.lock:
+            slot = host.slots[patch.name]
+            if slot.record.state != "pending" or slot.claimed:
+                return None
+            slot.claimed = True
+            absent = frozenset(self._absent)
+        try:
+            outcome = _pipeline.run(
+                patch, slot.variants, slot.record.versions, module, config, absent=absent, engine=host
+            )
+            return self._record_outcome(slot, outcome, module, config)
+        finally:
+            with host.lock:
+                slot.claimed = False
+
+    def _record_outcome(
+        self, slot: Slot, outcome: Outcome, module: ModuleType | None, config: Config
+    ) -> Exception | None:
+        """Keep what the pipeline decided in ``slot`` and its record. Returns a strict-mode error."""
+        record, state, reason, error = slot.record, outcome.state, outcome.reason, outcome.error
+        if outcome.target is not None:
+            record.target = str(outcome.target)
+        with self._host.lock:
+            slot.rejected = outcome.rejected
+            if state == "yielded":
+                slot.yielded = outcome.target
+            if outcome.undo is not None:
+                slot.undo = outcome.undo
+        if state == "pending":
+            return None  # another variant's module is still to come
+        if state == "applied" and outcome.site is not None:
+            try:
+                self.remember(slot, outcome.site, reason, outcome.undo)
+            except Exception as exc:  # as if the fix raised: its undo is kept for revert()
+                state, reason, error = "failed", f"fix raised {type(exc).__name__}: {exc}", exc
+        self._host.set_state(record, state, reason, error)
+        if not config.strict:
+            return None
+        if state == "failed":
+            where = outcome.target or (module.__name__ if module else record.name)
+            failure = self._strict_error(f"patch {record.name} on {where}: {reason}")
+            failure.__cause__ = error
+            return failure
+        if state == "unsupported":
+            return self._strict_error(f"patch {record.name} on {record.target}: unsupported: {reason}")
+        return None
+
+    def remember(self, slot: Slot, site: Site, reason: str, undo: Undo | None = None) -> None:
         """Note where ``site.patch`` installed what, and watch its module for reloads."""
         from verl_npu_autopatch import ownership
 
         installed = ownership.installation(site, reason, undo)
-        with self._lock:
+        with self._host.lock:
             slot.installed = installed
             if self._watcher is None:
                 self._watcher = ownership.ReloadWatcher(self._watches, self._on_reload)
@@ -50,21 +160,22 @@ class Installed:
         record to ``applied``, ``yielded`` or ``superseded`` accordingly. Never raises."""
         from verl_npu_autopatch import ownership
 
-        with self._lock:
-            installed = [(slot, slot.installed) for slot in self._slots.values() if slot.installed is not None]
+        host = self._host
+        with host.lock:
+            installed = [(slot, slot.installed) for slot in host.slots.values() if slot.installed is not None]
         for slot, where in installed:
             record = slot.record
             try:
-                state, reason = ownership.verify(slot.patch, record.versions, where, self)
+                state, reason = ownership.verify(_patch_of(slot), record.versions, where, host)
             except Exception as exc:  # a detector bug must not break report()
                 _logging.logger().debug("verifying %s raised %r", record.name, exc, exc_info=True)
                 continue
-            with self._lock:
+            with host.lock:
                 if slot.installed is not where or record.state not in ownership.VERIFIED_STATES:
                     continue  # reverted, yielded or re-applied meanwhile
                 changed = (record.state, record.reason) != (state, reason)
             if changed:
-                self._set(record, state, reason)
+                host.set_state(record, state, reason)
         self._verify_yields()
 
     def _verify_yields(self) -> None:
@@ -73,37 +184,40 @@ class Installed:
         patched first). Never raises."""
         from verl_npu_autopatch import ownership
 
-        with self._lock:
-            yields = [(slot, slot.yielded) for slot in self._slots.values() if slot.yielded is not None]
+        host = self._host
+        with host.lock:
+            yields = [(slot, slot.yielded) for slot in host.slots.values() if slot.yielded is not None]
         for slot, target in yields:
             record = slot.record
             try:
-                reason = ownership.yielded_reason(slot.patch, target, record.versions, self)
+                reason = ownership.yielded_reason(_patch_of(slot), target, record.versions, host)
             except Exception as exc:  # a detector bug must not break report()
                 _logging.logger().debug("verifying %s raised %r", record.name, exc, exc_info=True)
                 continue
-            with self._lock:
+            with host.lock:
                 if record.state != "yielded":
                     slot.yielded = None
                     continue
                 changed = reason is not None and reason != record.reason
-            if changed:
-                self._set(record, "yielded", reason)
+            if changed and reason is not None:
+                host.set_state(record, "yielded", reason)
 
     def _watches(self, module: str) -> bool:
         """Whether a reload of ``module`` concerns an applied or displaced patch."""
-        with self._lock:
-            return any(s.installed is not None and s.installed.target.module == module for s in self._slots.values())
+        with self._host.lock:
+            slots = self._host.slots.values()
+            return any(s.installed is not None and s.installed.target.module == module for s in slots)
 
     def _on_reload(self, module: ModuleType) -> None:
         """``importlib.reload`` re-executed ``module``: its targets hold upstream code again, so
         every patch applied (or displaced) there is decided and applied afresh."""
         from verl_npu_autopatch import ownership
 
-        with self._lock:
+        host = self._host
+        with host.lock:
             slots = [
                 slot
-                for slot in self._slots.values()
+                for slot in host.slots.values()
                 if slot.installed is not None
                 and slot.installed.target.module == module.__name__
                 and slot.record.state in ownership.VERIFIED_STATES
@@ -113,24 +227,24 @@ class Installed:
                 slot.record.state = "pending"
         for slot in slots:
             try:
-                self._apply(slot.patch, module)
-            except Exception:  # _apply records failures itself; this is a last guard for reload
+                self.apply(_patch_of(slot), module)
+            except Exception:  # apply records failures itself; this is a last guard for reload
                 _logging.logger().debug("re-applying %s after reload raised", slot.record.name, exc_info=True)
             record = slot.record
-            with self._lock:
+            with host.lock:
                 where = slot.installed if record.state == "applied" else None
                 if where is not None:
                     where.reason = f"{where.reason}; again after importlib.reload"
             if where is not None:
-                self._set(record, "applied", where.reason)
+                host.set_state(record, "applied", where.reason)
 
     # ----------------------------------------------------------------- hand-over
     def record(self, name: str) -> Record | None:
         """A copy of patch ``name``'s record as it stands, or ``None`` for an unknown name."""
         from verl_npu_autopatch.records import Record
 
-        with self._lock:
-            slot = self._slots.get(name)
+        with self._host.lock:
+            slot = self._host.slots.get(name)
             if slot is None:
                 return None
             return Record(**{**slot.record.__dict__, "versions": dict(slot.record.versions)})
@@ -138,15 +252,15 @@ class Installed:
     def note(self, name: str, text: str) -> None:
         """Add ``text`` to the reason of patch ``name`` while it is applied (e.g. why a target
         stays ours beside Liger-Kernel); kept when the record is re-verified."""
-        with self._lock:
-            slot = self._slots.get(name)
-            record = None if slot is None else slot.record
-            if record is None or record.state != "applied" or text in record.reason:
+        with self._host.lock:
+            slot = self._host.slots.get(name)
+            if slot is None or slot.record.state != "applied" or text in slot.record.reason:
                 return
+            record = slot.record
             reason = f"{record.reason}; {text}"
             if slot.installed is not None:
                 slot.installed.reason = reason
-        self._set(record, "applied", reason)
+        self._host.set_state(record, "applied", reason)
 
     def reapply(self, name: str, when: Callable[[Any], bool]) -> bool:
         """Decide and apply patch ``name`` afresh when ``when(live value)`` holds for what another
@@ -155,17 +269,17 @@ class Installed:
         the new one restores that other owner's value. Returns whether ``name`` is applied now."""
         from verl_npu_autopatch import ownership
 
-        with self._lock:
-            slot = self._slots.get(name)
+        with self._host.lock:
+            slot = self._host.slots.get(name)
             where = None if slot is None else slot.installed
-            if where is None or where.checks != "ours":
+            if slot is None or where is None or where.checks != "ours":
                 return False
             found = ownership.lookup(where.module, where.target.qualname)
             if found is None or found[1] is where.value or not when(found[1]):
                 return False
             slot.release()
             slot.record.state = "pending"
-        self._apply(slot.patch, where.module)
+        self.apply(_patch_of(slot), where.module)
         return slot.record.state == "applied"
 
     def yield_to(self, name: str, owner: str) -> bool:
@@ -174,8 +288,9 @@ class Installed:
         Returns whether the patch was applied before. Used for arbitration with e.g. Liger-Kernel.
         This runs inside the user's call (Liger's apply function): an undo that raises is logged
         and recorded (``failed``, as in ``revert``), never raised."""
-        with self._lock:
-            slot = self._slots.get(name)
+        host = self._host
+        with host.lock:
+            slot = host.slots.get(name)
             if slot is None or slot.record.state not in ("pending", "applied"):
                 return False
             undo = slot.release()
@@ -183,7 +298,54 @@ class Installed:
             try:
                 undo()
             except Exception as exc:  # logged at ERROR with its traceback
-                self._set(slot.record, "failed", f"handing to {owner}: undo raised {type(exc).__name__}: {exc}", exc)
+                host.set_state(
+                    slot.record, "failed", f"handing to {owner}: undo raised {type(exc).__name__}: {exc}", exc
+                )
                 return True
-        self._set(slot.record, "yielded", f"target handed to {owner}")
+        host.set_state(slot.record, "yielded", f"target handed to {owner}")
         return undo is not None
+
+    # ----------------------------------------------------------------- revert
+    def revert(self, name: str | None = None) -> list[str]:
+        """Undo applied patches (all, one by name, or a group); returns the names reverted.
+
+        Records are re-verified first: a patch another owner displaced (``superseded`` or
+        ``yielded``) is left alone, so the live owner is never clobbered; the log says why."""
+        host = self._host
+        self.verify()
+        done = []
+        for slot in self._matching(name):
+            record = slot.record
+            with host.lock:
+                displaced = ""
+                if slot.installed is not None and record.state != "applied":
+                    displaced = f"{record.state}: {record.reason}"
+                else:
+                    undo = slot.release()
+            if displaced:
+                _logging.logger().info("%s: not reverted, the live target is not ours (%s)", record.name, displaced)
+                continue
+            if undo is None:
+                continue
+            try:
+                undo()
+            except Exception as exc:
+                _logging.logger().error("reverting %s failed", record.name, exc_info=True)
+                host.set_state(record, "failed", f"revert raised {type(exc).__name__}: {exc}")
+                continue
+            host.set_state(record, "reverted", "reverted by revert()")
+            done.append(record.name)
+        return done
+
+    def _matching(self, name: str | None) -> list[Slot]:
+        with self._host.lock:
+            slots = list(self._host.slots.values())
+        if name is None:
+            return slots
+        return [s for s in slots if s.patch is not None and (name == s.record.name or name in s.patch.groups)]
+
+
+def _patch_of(slot: Slot) -> Patch:
+    """The patch of a slot that installed something (only an entry point's record has none)."""
+    assert slot.patch is not None
+    return slot.patch

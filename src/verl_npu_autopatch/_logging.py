@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     import logging
 
     from verl_npu_autopatch._config import Config
+    from verl_npu_autopatch.records import RecordState
 
 __all__ = ["LOGGER_NAME", "configure", "level_of", "logger"]
 
@@ -17,7 +18,7 @@ LOGGER_NAME = "verl_npu_autopatch"
 
 #: Logging level of each record state (others: INFO, so ``VERL_NPU_AUTOPATCH_LOG=INFO`` shows
 #: every decision with its reason).
-_LEVELS = {"failed": 40, "superseded": 30, "unsupported": 30}
+_LEVELS: dict[RecordState, int] = {"failed": 40, "superseded": 30, "unsupported": 30}
 
 
 def logger() -> logging.Logger:
@@ -27,7 +28,7 @@ def logger() -> logging.Logger:
     return logging.getLogger(LOGGER_NAME)
 
 
-def level_of(state: str) -> int:
+def level_of(state: RecordState) -> int:
     """The logging level a record moving to ``state`` is logged at."""
     return _LEVELS.get(state, 20)
 

@@ -1,6 +1,6 @@
 """The per-patch decision pipeline, as one function of its inputs: resolve a variant, gate on the
 device, yield to another owner, recognise our own fix, check, fix. It keeps no state and needs no
-wrapt; the engine records its :class:`Outcome` (see ``engine.Engine._apply``)."""
+wrapt; the engine records its :class:`Outcome` (see ``_installed.Installed.apply``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from verl_npu_autopatch._config import Config
     from verl_npu_autopatch.handover import HandOver
+    from verl_npu_autopatch.records import RecordState
     from verl_npu_autopatch.spec import Patch, Site, Target, Undo
 
 __all__ = ["Outcome", "run"]
@@ -33,7 +34,7 @@ class Outcome:
     ``stage`` and ``error``: the step that raised, for ``failed``.
     """
 
-    state: str
+    state: RecordState
     reason: str = ""
     target: Target | None = None
     site: Site | None = None

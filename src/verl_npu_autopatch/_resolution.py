@@ -75,5 +75,5 @@ def known_absent(module: str) -> bool:
         import importlib.util
 
         return importlib.util.find_spec(module) is None
-    except Exception:
+    except Exception:  # a finder that raises: the module may exist, so it is not declared absent
         return False

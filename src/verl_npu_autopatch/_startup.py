@@ -81,7 +81,7 @@ def findable(name):
         try:
             if find(name, None) is not None:
                 return True
-        except Exception:
+        except Exception:  # a finder that raises cannot answer; the next one is asked
             continue
     return False
 
@@ -106,7 +106,7 @@ def plainly_inert():
             if raw.strip() and flag(raw) is None:
                 return False
         return not npu_stack_installed()
-    except Exception:
+    except Exception:  # cannot tell: the configuration is read by _activation, which decides
         return False
 
 
@@ -167,7 +167,7 @@ def _namespace_loader(spec):
         loader = cls.__new__(cls)
         loader._path = spec.submodule_search_locations
         return loader
-    except Exception:
+    except Exception:  # an import system without that class: the namespace package loads as usual
         return None
 
 
@@ -194,7 +194,7 @@ class ActivatingLoader:
         else:
             try:
                 from verl_npu_autopatch import _activation
-            except Exception:
+            except Exception:  # a broken install: the observer leaves, the package loads untouched
                 uninstall_observer()
                 self.broken = True
             else:
@@ -300,7 +300,7 @@ def take_over(fullname, path=None, target=None):
             drop_placeholders()
         else:
             put_first()
-    except Exception:
+    except Exception:  # start-up code never raises; the import then goes on unobserved
         pass
     return (find_spec if installed_observer() is not None else real_spec)(fullname, path, target)
 
@@ -312,7 +312,7 @@ def uninstall_observer():
     try:
         me = sys.modules[__name__]
         _leave_meta_path(lambda finder: finder is me)
-    except Exception:
+    except Exception:  # start-up code never raises; the observer then answers None for good
         pass
     find_spec, gated, activator, trigger, done = observe, WATCHED, None, "", True
 
@@ -326,5 +326,5 @@ def install_observer():
             return me.install_observer()
         if not _nothing_to_observe():
             put_first()
-    except Exception:
+    except Exception:  # start-up code never raises, prints or writes; the process runs unpatched
         pass

@@ -99,7 +99,7 @@ def _norm(cls: type, gated: bool) -> Callable[[torch.dtype, torch.device], Call]
     return make
 
 
-def _mlp(cls: type) -> Callable[[torch.dtype, torch.device], Call]:
+def _mlp(cls: Any) -> Callable[[torch.dtype, torch.device], Call]:
     from transformers.activations import ACT2FN
 
     def make(dtype: torch.dtype, device: torch.device) -> Call:

@@ -86,6 +86,18 @@ class Catalogue:
         """Every name ENABLE/DISABLE may use: patches, groups and entry points."""
         return names_and_groups(self.patches) | set(self.entry_points) | {f"entry-point:{n}" for n in self.entry_points}
 
+    def unique(self) -> tuple[dict[str, Patch], list[str]]:
+        """``({name: patch}, warnings)``: the patches by name, in order; a second patch of the
+        same name is ignored, with a warning."""
+        unique: dict[str, Patch] = {}
+        warnings = []
+        for patch in self.patches:
+            if patch.name in unique:
+                warnings.append(f"duplicate patch name {patch.name!r}: the second one is ignored")
+            else:
+                unique[patch.name] = patch
+        return unique, warnings
+
 
 def plugins(disable: Iterable[str] = ()) -> Catalogue:
     """Patches from the ``verl_npu_autopatch.patches`` entry points. An entry point named in

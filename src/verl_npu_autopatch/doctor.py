@@ -46,7 +46,7 @@ def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bo
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
+        except OSError:  # no such process group (already gone): kill the child alone
             proc.kill()
         stdout, stderr = proc.communicate()
         steps = [line.split(STEP_MARK, 1)[1] for line in stdout.splitlines() if STEP_MARK in line]
@@ -111,8 +111,8 @@ def print_doctor(data: dict[str, Any], full: bool = False) -> None:
         print("\n".join(_summary.groups(rows, names, "doctor --all")))
     print("\n".join(_summary.attention(doctor_attention(data))))
     if records and full:
-        rows = [(r["name"], r["state"], r["target"], r["reason"]) for r in records]
-        print("\n" + "\n".join(_summary.records_list(rows)))
+        full_rows = [(r["name"], r["state"], r["target"], r["reason"]) for r in records]
+        print("\n" + "\n".join(_summary.records_list(full_rows)))
     elif records:
         print("every patch with its target and reason: verl-npu-autopatch doctor --all")
     if "verify" in data:

@@ -25,6 +25,7 @@ from verl_npu_autopatch.spec import Patch, Site, Target
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from verl_npu_autopatch.handover import HandOver
+    from verl_npu_autopatch.records import RecordState
 
 __all__ = [
     "THROUGH_TARGET",
@@ -49,7 +50,7 @@ __all__ = [
 THROUGH_TARGET = "verl_npu_autopatch_through_target"
 
 #: Record states a re-verification may move between (``applied`` and the displaced states).
-VERIFIED_STATES = ("applied", "superseded", "yielded")
+VERIFIED_STATES: tuple[RecordState, ...] = ("applied", "superseded", "yielded")
 
 #: What :func:`verify` checks on the target of an :class:`Installation`: ``ours``, the fix
 #: replaced it and any other value there displaces us; ``through``, the fix installed elsewhere
@@ -162,7 +163,7 @@ def installation(site: Site, reason: str, undo: Any = None) -> Installation:
     return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks)
 
 
-def verify(patch: Patch, versions: dict, installed: Installation, engine: HandOver | None) -> tuple[str, str]:
+def verify(patch: Patch, versions: dict, installed: Installation, engine: HandOver | None) -> tuple[RecordState, str]:
     """``(state, reason)`` of an applied patch against the live modules: ``applied`` (with the
     reason it was applied) while our value is still what runs, else ``yielded`` / ``superseded``
     naming the live owner."""
@@ -220,7 +221,7 @@ def yielded_reason(patch: Patch, target: Target, versions: dict, engine: HandOve
     the detectors see the live target now, or ``None`` when none recognises its owner."""
     module = sys.modules.get(target.module)
     found = None if module is None else lookup(module, target.qualname)
-    if found is None:
+    if module is None or found is None:
         return None
     holder, value = found
     site = Site(patch, target, module, holder, target.qualname.rpartition(".")[2], value, dict(versions), engine)

@@ -84,7 +84,7 @@ def set_attribute(owner: Any, name: str, value: Any, original: Any = _READ) -> U
         if original is ABSENT:
             try:
                 delattr(owner, name)
-            except AttributeError:
+            except AttributeError:  # already gone (e.g. another owner deleted it): nothing to undo
                 pass
         else:
             setattr(owner, name, original)
@@ -121,7 +121,7 @@ def normalized_source(obj: Any) -> str | None:
         return "".join(found) if found else None
     try:
         return "".join(inspect.getsource(obj).split())
-    except (OSError, TypeError):
+    except (OSError, TypeError):  # no source (built-in, C extension, REPL): the caller says so
         return None
 
 
@@ -135,7 +135,7 @@ def parameter_names(obj: Any) -> tuple[str, ...] | None:
     """Parameter names of a callable, or ``None`` when it has no inspectable signature."""
     try:
         return tuple(inspect.signature(getattr(obj, "__func__", obj)).parameters)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # no inspectable signature (some built-ins): the caller says so
         return None
 
 
@@ -149,7 +149,7 @@ def definition(obj: Any) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDe
     ``None`` when it has no readable source."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(obj, "__func__", obj))))
-    except (OSError, TypeError, SyntaxError):
+    except (OSError, TypeError, SyntaxError):  # no readable or parsable source: the caller says so
         return None
     node = tree.body[0] if tree.body else None
     return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None

@@ -235,7 +235,9 @@ def probe_cluster(
     started = not ray.is_initialized()  # else: called from inside a driver; use task-level runtime_env
     try:
         if started:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
+            import logging  # ray imported it already
+
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.ERROR)
         entries = _probe_nodes(ray, None if started else runtime_env, timeout, status)
     except Exception as exc:
         return {**data, "error": f"cannot probe the Ray cluster at {address!r}: {type(exc).__name__}: {exc}"}

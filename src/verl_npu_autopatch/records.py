@@ -4,9 +4,27 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["Record", "Report", "table", "wrap"]
+__all__ = ["EngineStatus", "Record", "RecordState", "Report", "table", "wrap"]
+
+#: A record's state: the engine's decision about one patch in this process (see
+#: docs/troubleshooting.md). The strings are what ``report()``, the JSON output and the docs show.
+RecordState = Literal[
+    "pending",
+    "applied",
+    "disabled",
+    "gated",
+    "fixed-upstream",
+    "unsupported",
+    "yielded",
+    "superseded",
+    "failed",
+    "reverted",
+]
+
+#: The engine's status in this process (``Report.status``).
+EngineStatus = Literal["not-activated", "activating", "inactive", "active", "failed"]
 
 
 @dataclass
@@ -16,7 +34,7 @@ class Record:
     name: str
     groups: tuple[str, ...]
     target: str
-    state: str = "pending"
+    state: RecordState = "pending"
     reason: str = ""
     versions: dict[str, str | None] = field(default_factory=dict)
     pid: int = field(default_factory=os.getpid)
@@ -31,7 +49,7 @@ class Record:
 class Report:
     """The engine's state in this process: whether it is active, why, and every record."""
 
-    status: str  # "not-activated" | "inactive" | "active"
+    status: EngineStatus
     reason: str = ""
     trigger: str = ""
     device: str = ""
@@ -45,7 +63,7 @@ class Report:
                 return record
         raise KeyError(name)
 
-    def states(self) -> dict[str, str]:
+    def states(self) -> dict[str, RecordState]:
         """``{patch name: state}``."""
         return {record.name: record.state for record in self.records}
 

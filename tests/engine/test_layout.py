@@ -20,10 +20,15 @@ PACKAGE = SRC / "verl_npu_autopatch"
 STARTUP = PACKAGE / "_startup.py"
 
 
-def imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
-    """``(module, names)`` of every import statement in ``path`` (``names`` empty for ``import x``)."""
+def imports(path: Path, with_type_checking: bool = True) -> list[tuple[str, tuple[str, ...]]]:
+    """``(module, names)`` of every import statement in ``path`` (``names`` empty for ``import x``);
+    without ``with_type_checking``, those in ``if TYPE_CHECKING:`` blocks (never run) are left out."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = set() if with_type_checking else {id(n) for n in _type_checking_nodes(tree)}
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found += [(alias.name, ()) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -39,8 +44,13 @@ def test_no_package_module_imports_the_package_root() -> None:
             if module == "verl_npu_autopatch" and (not names or set(names) - submodules):
                 offenders.append(f"{path.relative_to(SRC)}: from verl_npu_autopatch import {', '.join(names) or '*'}")
     assert offenders == []
-    face = [m for m, _ in imports(PACKAGE / "__init__.py") if m != "__future__"]
+    face = [m for m, _ in imports(PACKAGE / "__init__.py", with_type_checking=False) if m != "__future__"]
     assert face == ["importlib"]  # the face imports lazily
+    # a type checker sees the real names, imported only under TYPE_CHECKING (False at run time)
+    typed = {
+        name for m, names in imports(PACKAGE / "__init__.py") if m.startswith("verl_npu_autopatch") for name in names
+    }
+    assert set(verl_npu_autopatch.__all__) <= typed
 
 
 def test_the_startup_module_imports_only_what_python_c_pass_has_loaded() -> None:
@@ -116,15 +126,20 @@ def _map_rows() -> list[set[str]]:
     return rows
 
 
-def _package_imports(path: Path) -> set[str]:
-    """The package's own submodules ``path`` imports, TYPE_CHECKING blocks left out."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = {
-        id(n)
+def _type_checking_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node inside an ``if TYPE_CHECKING:`` block of ``tree``."""
+    return [
+        n
         for node in ast.walk(tree)
         if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
         for n in ast.walk(node)
-    }
+    ]
+
+
+def _package_imports(path: Path) -> set[str]:
+    """The package's own submodules ``path`` imports, TYPE_CHECKING blocks left out."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {id(n) for n in _type_checking_nodes(tree)}
     found = set()
     for node in ast.walk(tree):
         if id(node) in skipped or not isinstance(node, ast.ImportFrom) or not node.module:

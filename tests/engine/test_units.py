@@ -164,3 +164,23 @@ def test_undo_removes_an_attribute_that_was_inherited() -> None:
     assert Child().method() == "ours"
     undo()
     assert "method" not in vars(Child) and Child().method() == "base"
+
+
+def test_reapply_applies_afresh_over_another_owners_value(module_name: str) -> None:
+    """``reapply``: a value another owner put over ours (verl <= 0.8 patching after our hooks
+    ran) is decided and wrapped afresh when ``when`` holds; the new undo restores that value."""
+    engine = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    engine.activate("unit")
+    module = __import__(module_name)
+
+    def theirs(self) -> int:
+        return 10
+
+    module.Box.value = theirs
+    assert engine.reapply("unit.plus_one", lambda value: False) is False
+    assert engine.reapply("nothing.here", lambda value: True) is False
+    assert engine.reapply("unit.plus_one", lambda value: value is theirs) is True
+    assert module.Box().value() == 11
+    assert engine.record("unit.plus_one").state == "applied"
+    assert engine.revert() == ["unit.plus_one"]
+    assert module.Box.__dict__["value"] is theirs

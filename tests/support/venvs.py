@@ -30,7 +30,7 @@ SPECS: dict[str, dict[str, list]] = {
     "base": {"steps": [["wrapt", "packaging"]], "remove": []},
     "runner": {
         "steps": [
-            ["wrapt", "packaging", "pytest", "ruff", "hatchling", "ray==2.60.0", "virtualenv", "uv"],
+            ["wrapt", "packaging", "pytest", "ruff", "mypy", "hatchling", "ray==2.60.0", "virtualenv", "uv"],
         ],
         "remove": [],
     },

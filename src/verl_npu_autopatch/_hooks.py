@@ -1,0 +1,109 @@
+"""The engine's post-import hooks: one wrapt hook per target module, and the modules that were
+still executing when their hook was due (another thread's, or the package whose import woke the
+engine), handled when they finish, or hooked again when their import failed."""
+
+from __future__ import annotations
+
+import _thread
+import sys
+
+from verl_npu_autopatch import _logging
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from types import ModuleType
+
+__all__ = ["Hooks"]
+
+
+class Hooks:
+    """Which modules have a post-import hook calling ``on_import``, and which were deferred.
+
+    ``strict_error`` is the exception type ``on_import`` raises in strict mode (the engine's
+    ``PatchError``): registering a hook on a module already imported runs it at once."""
+
+    def __init__(self, on_import: Callable[[ModuleType], None], strict_error: type[Exception]) -> None:
+        self._on_import = on_import
+        self._strict_error = strict_error
+        self._lock = _thread.RLock()  # held only briefly, never across imports
+        self._hooked: set[str] = set()  # modules with a post-import hook
+        self._deferred: set[str] = set()  # modules still executing when their hook was due
+
+    def after_fork(self) -> None:
+        """In the child of ``os.fork()``: the lock may be held by a thread that is not there."""
+        self._lock = _thread.RLock()
+
+    def register(self, wanted: Iterable[str]) -> None:
+        """Hook every module of ``wanted`` not hooked yet. A module already imported is handled
+        at once; one still executing is deferred (see :meth:`loaded` and :meth:`catch_up`)."""
+        import wrapt
+
+        from verl_npu_autopatch._resolution import initializing
+
+        with self._lock:
+            modules = [module for module in wanted if module not in self._hooked]
+        errors = []
+        for module in modules:
+            if initializing(sys.modules.get(module)):
+                with self._lock:
+                    self._deferred.add(module)
+                    self._hooked.add(module)
+                continue
+            _logging.logger().debug("post-import hook on %s", module)
+            try:
+                wrapt.register_post_import_hook(self._on_import, module)
+            except self._strict_error as error:
+                errors.append(error)
+            with self._lock:  # one by one: an interrupted activation registers the rest later
+                self._hooked.add(module)
+        if errors:
+            raise errors[0]
+
+    def forget_deferred(self) -> None:
+        """An activation was abandoned: the deferred modules are to be hooked afresh."""
+        with self._lock:
+            self._hooked -= self._deferred
+            self._deferred.clear()
+
+    def loaded(self, name: str) -> None:
+        """Deferred module ``name`` finished executing; the engine handles it now."""
+        with self._lock:
+            self._deferred.discard(name)
+
+    def failed(self, module: ModuleType) -> None:
+        """A module deferred at registration raised while executing (its import fails, and may
+        be retried): hook its next import, as if it had never been imported."""
+        name = module.__name__
+        with self._lock:
+            if name not in self._deferred:
+                return
+            self._deferred.discard(name)
+        if sys.modules.get(name) is module:
+            del sys.modules[name]  # as the import system does next; wrapt hooks only what is not loaded
+        self._hook_later([name])
+
+    def _hook_later(self, names: list[str]) -> None:
+        """Post-import hooks on deferred modules whose import failed (no longer in ``sys.modules``)."""
+        if not names:
+            return  # e.g. ``settle`` on an engine that never activated: wrapt is not needed
+        import wrapt
+
+        for name in names:
+            _logging.logger().debug("post-import hook on %s (its import failed)", name)
+            wrapt.register_post_import_hook(self._on_import, name)
+
+    def catch_up(self) -> None:
+        """Handle deferred modules that have finished executing since, and hook those whose
+        import failed meanwhile."""
+        if not self._deferred:
+            return
+        from verl_npu_autopatch._resolution import initializing
+
+        with self._lock:
+            ready = [m for m in self._deferred if m in sys.modules and not initializing(sys.modules[m])]
+            failed = [m for m in self._deferred if m not in sys.modules]
+            self._deferred.difference_update(ready + failed)
+        self._hook_later(failed)
+        for name in ready:
+            self._on_import(sys.modules[name])
