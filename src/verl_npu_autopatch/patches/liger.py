@@ -36,9 +36,6 @@ from verl_npu_autopatch.patching import chain, marked_by, parameter_names, set_m
 from verl_npu_autopatch.patching import definition as parsed_definition
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 40
-
 NAME = "liger.arbitration"
 MODULE = "liger_kernel.transformers.monkey_patch"
 TABLE = "MODEL_TYPE_TO_APPLY_LIGER_FN"

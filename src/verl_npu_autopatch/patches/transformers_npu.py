@@ -51,8 +51,5 @@ __all__ = [
     "verl_owner",
 ]
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 30
-
 
 PATCHES: list[Patch] = [patch for family in MODELS for patch in family_patches(family)]
