@@ -68,7 +68,7 @@ def _pair(name: str, owner: Any, value: Any) -> tuple[Callable[..., Any], Callab
     if marked_by(value) == name and callable(getattr(value, "__wrapped__", None)):
         return value, value.__wrapped__
     from verl_npu_autopatch.patches import _experts_interface as interface
-    from verl_npu_autopatch.patches.transformers_npu import dispatcher_interface
+    from verl_npu_autopatch.patches._transformers_probes import dispatcher_interface
 
     dispatcher = dispatcher_interface(value)
     if dispatcher is not None and isinstance(owner, type) and interface.installed(owner):

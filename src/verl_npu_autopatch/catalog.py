@@ -11,7 +11,7 @@ from verl_npu_autopatch.spec import Patch
 
 __all__ = [
     "ENTRY_POINT_GROUP",
-    "LAST",
+    "FAMILIES",
     "PACKAGE",
     "Catalogue",
     "builtin",
@@ -23,8 +23,24 @@ __all__ = [
 
 #: The package holding the built-in patch families.
 PACKAGE = "verl_npu_autopatch.patches"
-#: Catalogue position of a family module that declares no ``ORDER``: after the others.
-LAST = 1_000_000
+#: The built-in families (the public modules of :data:`PACKAGE`), in catalogue order: the order
+#: the engine applies the patches of one target module in, and ``docs/patches.md`` lists them in.
+#: The one place that orders them; a family module missing here fails tests/engine/test_discovery.py.
+FAMILIES: tuple[str, ...] = (
+    "vllm_moe",
+    "vllm_rotary",
+    "transformers_npu",
+    "transformers_deepstack",
+    "liger",
+    "ascend_glm52",
+    "ascend_camem",
+    "ascend_capture",
+    "vllm_engine",
+    "verl_vllm",
+    "tensordict_sync",
+    "torch_npu_nested",
+    "megatron_mtp",
+)
 
 
 #: Entry-point group for third-party patch specs. An entry point may name a ``Patch``, an
@@ -35,12 +51,17 @@ ENTRY_POINT_GROUP = "verl_npu_autopatch.patches"
 def families(package: str = PACKAGE) -> list[ModuleType]:
     """The built-in patch families, in catalogue order: every public module of ``package`` (its
     ``_private`` modules are helpers, not families), found on disk, so a new module there joins the
-    catalogue with no other edit. Ordered by the module's ``ORDER`` (absent: last), then by name.
-    Each exposes ``PATCHES``."""
+    catalogue. Ordered by :data:`FAMILIES`; a module the list misses comes after the listed ones, by
+    name (and a test fails until it is listed). Each exposes ``PATCHES``."""
     root = importlib.import_module(package)
     names = sorted(m.name for m in pkgutil.iter_modules(root.__path__) if not m.name.startswith("_"))
     modules = [importlib.import_module(f"{package}.{name}") for name in names]
-    return sorted(modules, key=lambda m: (getattr(m, "ORDER", LAST), m.__name__))
+    return sorted(modules, key=lambda m: _position(m.__name__.rpartition(".")[2]))
+
+
+def _position(name: str) -> tuple[int, str]:
+    """Where family ``name`` goes in the catalogue: its place in :data:`FAMILIES`, else last."""
+    return (FAMILIES.index(name) if name in FAMILIES else len(FAMILIES), name)
 
 
 def builtin(package: str = PACKAGE) -> list[Patch]:

@@ -178,7 +178,7 @@ def absent() -> dict[str, Any]:
 
 def run(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Verify every applied kernel patch among ``records`` (the doctor child's record dicts)."""
-    from verl_npu_autopatch.patches.transformers_npu import KERNELS
+    from verl_npu_autopatch.patches._transformers_table import KERNELS
 
     applied = [r for r in records if r["state"] == "applied"]
     kernels = [r for r in applied if r["name"].startswith("transformers.") and r["name"].rsplit(".", 1)[-1] in KERNELS]

@@ -198,3 +198,90 @@ def test_a_plainly_inert_host_is_inert_by_the_one_device_decision(monkeypatch: p
     # without torch_npu: the master switch unset, blank, on or off, STRICT and the legacy switch
     # unset or understood, ENABLE anything, DEVICE and LOG unset; never with torch_npu
     assert plain == 4 * 2 * 2 * 2
+
+
+# --------------------------------------------------------------------------- the import graph (issue 24)
+FAMILIES_DIR = PACKAGE / "patches"
+#: The one import cycle by design (docs/index.md, "Where things live"): the wake-up chain, imported
+#: lazily at the first watched import so that start-up loads no module. Each edge points up a row,
+#: and each lower module imports its way back (the engine reads ``_activation``'s decision,
+#: ``_config`` reads the start-up module's on/off parser). Edge -> why it is there.
+WAKE_UP = {
+    ("verl_npu_autopatch._startup", "verl_npu_autopatch._activation"): "the activating loader hands over its work",
+    ("verl_npu_autopatch._activation", "verl_npu_autopatch.engine"): "activation starts the engine (host not inert)",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every module of the package -> the package modules it imports: every import statement is an
+    edge, at module level, in a function or under ``TYPE_CHECKING`` (``from a.b import c`` imports
+    ``a.b``, and ``a.b.c`` when that is a module)."""
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0 and node.module, f"{name}: a relative import"
+                edges |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+        graph[name] = {edge for edge in edges if edge in paths and edge != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module: each holds an import cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in sorted(graph[module]):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = set()
+            while not component or module not in component:
+                component.add(stack.pop())
+            if len(component) > 1:
+                found.append(component)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycle_but_the_documented_wake_up_chain() -> None:
+    graph = _import_graph()
+    assert [edge for edge in WAKE_UP if edge[1] not in graph[edge[0]]] == []  # gone: drop it from WAKE_UP
+    chain = {module for edge in WAKE_UP for module in edge}
+    assert [chain <= cycle for cycle in _cycles(graph)] == [True]  # the chain is the one cycle there is
+    without = {module: edges - {b for a, b in WAKE_UP if a == module} for module, edges in graph.items()}
+    assert _cycles(without) == []
+
+
+def test_no_family_module_imports_another_and_helpers_import_no_family() -> None:
+    # shared pieces live in ``patches/_*.py`` helpers, which import nothing above them
+    graph = _import_graph()
+    families = {f"{catalog_package()}.{p.stem}" for p in FAMILIES_DIR.glob("*.py") if not p.stem.startswith("_")}
+    modules = {_module_name(path) for path in FAMILIES_DIR.glob("*.py")}
+    assert len(families) > 10
+    offenders = [f"{m} -> {i}" for m in sorted(modules) for i in sorted(graph[m] & families) if i != m]
+    assert offenders == []
+
+
+def catalog_package() -> str:
+    return _module_name(FAMILIES_DIR / "__init__.py")

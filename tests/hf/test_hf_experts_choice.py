@@ -11,6 +11,7 @@ import torch
 from conftest import PRESENT, builders, randomize
 
 from verl_npu_autopatch.patches import _npu_kernels, transformers_npu
+from verl_npu_autopatch.patching import parameter_names
 
 MOE = [f for f in ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_vl_moe") if f in PRESENT]
 
@@ -71,7 +72,7 @@ def test_qwen3_vl_moe_fused_block_variant_where_the_experts_take_dense_weights(n
         pytest.fail("transformers without qwen3_vl_moe: update the family table")
     from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as mod
 
-    legacy = transformers_npu.parameter_names(mod.Qwen3VLMoeTextExperts.forward)[2:] == (
+    legacy = parameter_names(mod.Qwen3VLMoeTextExperts.forward)[2:] == (
         "routing_weights",
         "router_indices",
     )

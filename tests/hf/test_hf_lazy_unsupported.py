@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import PRESENT, randomize
 
-from verl_npu_autopatch.patches import transformers_npu
+from verl_npu_autopatch.patches import _transformers_owners, transformers_npu
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -83,7 +83,7 @@ def test_monkeypatched_classes_of_unexpected_shape_are_unsupported(monkeypatch: 
     )
     assert "down_proj(act_fn(gate_proj(x)) * up_proj(x))" in records["mlp"].reason
     assert "has no attribute 'apply_rotary_pos_emb'" in records["rotary"].reason
-    assert not any(transformers_npu._module_of(v).startswith("verl") for v in (Qwen3MLP.forward,))
+    assert not any(_transformers_owners._module_of(v).startswith("verl") for v in (Qwen3MLP.forward,))
 
 
 def test_module_of_unexpected_shape_imports_fine_and_is_unsupported(monkeypatch: Any, make_engine: Any) -> None:

@@ -1,7 +1,8 @@
 """Replacement forwards for the transformers Qwen families, built on torch_npu fused kernels.
 
-Imported only by ``transformers_npu`` fixes, i.e. once a modeling module (and therefore torch) is
-loaded. ``torch_npu`` itself is imported on the first call of a replacement, never at import.
+Imported only by the transformers kernel builders (``_transformers_builders``) at fix time, i.e.
+once a modeling module (and therefore torch) is loaded. ``torch_npu`` itself is imported on the
+first call of a replacement, never at import.
 
 Every factory receives the original callable and what the structural probe found (attribute
 names, layout) and returns a replacement that keeps the original's metadata. Replacements fall

@@ -30,9 +30,6 @@ from verl_npu_autopatch.spec import (
     unsupported,
 )
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 60
-
 CAMEM = "vllm_ascend.device_allocator.camem"
 SLEEP_PARAMS = ("self", "offload_tags")
 SYNC = "torch.npu.synchronize()"

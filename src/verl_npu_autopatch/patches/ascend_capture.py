@@ -44,9 +44,6 @@ from verl_npu_autopatch.spec import (
     unsupported,
 )
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 70
-
 WORKER = "vllm_ascend.patch.worker"
 CAPTURE = f"{WORKER}.patch_routed_experts_capture"
 CAPTURER = "vllm.model_executor.layers.fused_moe.routed_experts_capturer"

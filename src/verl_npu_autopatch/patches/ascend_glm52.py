@@ -68,9 +68,6 @@ from verl_npu_autopatch.spec import (
     unsupported,
 )
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 50
-
 GROUPS = ("glm52", "ascend")
 REFERENCE = "https://github.com/verl-project/verl/pull/7779"
 

@@ -29,21 +29,20 @@ from typing import Any
 
 from verl_npu_autopatch.handover import HandOver
 from verl_npu_autopatch.ownership import lookup
-from verl_npu_autopatch.patches import transformers_npu
+from verl_npu_autopatch.patches._transformers_models import MODELS, kinds, patch_name
+from verl_npu_autopatch.patches._transformers_owners import from_package
+from verl_npu_autopatch.patches._transformers_table import KERNELS
 from verl_npu_autopatch.patching import chain, marked_by, parameter_names, set_marked, signature_text
 from verl_npu_autopatch.patching import definition as parsed_definition
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
-
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 40
 
 NAME = "liger.arbitration"
 MODULE = "liger_kernel.transformers.monkey_patch"
 TABLE = "MODEL_TYPE_TO_APPLY_LIGER_FN"
 DISPATCHERS = ("_apply_liger_kernel_to_instance", "_apply_liger_kernel")
 
-#: Our kernel kind -> the Liger switch that replaces the same target (from ``transformers_npu.KERNELS``).
-LIGER_SWITCH = {kind: kernel.liger for kind, kernel in transformers_npu.KERNELS.items() if kernel.liger}
+#: Our kernel kind -> the Liger switch that replaces the same target (from the kernel table ``KERNELS``).
+LIGER_SWITCH = {kind: kernel.liger for kind, kernel in KERNELS.items() if kernel.liger}
 
 _via = threading.local()
 
@@ -51,7 +50,7 @@ _via = threading.local()
 def _apply_functions(module: Any) -> dict[str, Callable]:
     """Our family -> liger's ``apply_liger_kernel_to_<family>`` present in ``module``."""
     found = {}
-    for family in transformers_npu.MODELS:
+    for family in MODELS:
         fn = getattr(module, f"apply_liger_kernel_to_{family}", None)
         if callable(fn):
             found[family] = fn
@@ -80,7 +79,7 @@ def _liger_took(target: str) -> bool:
     if found is None:
         return False
     holder, value = found
-    return transformers_npu.from_package("liger_kernel", value, holder)
+    return from_package("liger_kernel", value, holder)
 
 
 def rebound_names(function: Callable) -> dict[str, set[str]] | None:
@@ -143,7 +142,7 @@ def _wrap_apply(original: Callable, family: str, engine: HandOver, name: str) ->
     except (TypeError, ValueError):
         signature = None
     rebound = rebound_names(original)
-    ours = [(kind, transformers_npu.patch_name(family, kind)) for kind in transformers_npu.kinds(family)]
+    ours = [(kind, patch_name(family, kind)) for kind in kinds(family)]
 
     @functools.wraps(original)
     def apply(*args: Any, **kwargs: Any) -> Any:

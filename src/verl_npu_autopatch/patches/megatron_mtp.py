@@ -32,9 +32,6 @@ from verl_npu_autopatch.spec import (
     unsupported,
 )
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 120
-
 GPT = "megatron.core.models.gpt.gpt_model"
 TRUTHY = "ifself.config.mtp_num_layers:"
 NOT_NONE = "ifself.config.mtp_num_layersisnotNone:"

@@ -30,9 +30,6 @@ from verl_npu_autopatch.spec import (
     unsupported,
 )
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 100
-
 BASE = "tensordict.base"
 #: Where newer releases define ``_sync_all`` (a mixin ``TensorDictBase`` inherits from).
 MIXIN_MODULES = ("tensordict._base.device",)

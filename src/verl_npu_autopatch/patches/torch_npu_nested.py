@@ -38,9 +38,6 @@ from verl_npu_autopatch.spec import (
     unsupported,
 )
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 110
-
 NAME = "torch_npu.nested_tensor_intercept"
 INTERCEPT = "torch_npu.utils.npu_intercept"
 INTERCEPT_FILE = "torch_npu/utils/npu_intercept.py"

@@ -23,9 +23,6 @@ from verl_npu_autopatch.patches._verl import yield_to_verl
 from verl_npu_autopatch.patching import replace_method
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 35
-
 REFERENCE = "https://github.com/verl-project/verl/issues/5498"
 PARAMS = ("self", "hidden_states", "visual_pos_masks", "visual_embeds")
 CLONED = "hidden_states=hidden_states.clone()"

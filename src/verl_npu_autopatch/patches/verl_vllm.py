@@ -34,9 +34,6 @@ from verl_npu_autopatch.patches._verl import PATCH_MODULE, verl_owned
 from verl_npu_autopatch.patching import marked_by, replace_method, signature_text
 from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 90
-
 NAME = "verl.defer_duplicates"
 ROTARY_PATCH = "vllm.rotary_flash_attn_guard"
 ROTARY_MODULE = "vllm.model_executor.layers.rotary_embedding.common"

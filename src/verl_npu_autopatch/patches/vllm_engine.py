@@ -36,9 +36,6 @@ from verl_npu_autopatch.spec import (
     unsupported,
 )
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 80
-
 CORE = "vllm.v1.engine.core"
 WAKE_PARAMS = ("self", "tags")
 

@@ -52,8 +52,6 @@ TARGETS = (
     Target.parse("vllm.model_executor.layers.fused_moe.layer:FusedMoE.weight_loader"),
 )
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 10
 EXPECTED_PARAMETERS = ("self", "param", "loaded_weight", "weight_name", "shard_id", "expert_id", "return_success")
 
 _ambiguity_logged = False

@@ -60,9 +60,6 @@ from verl_npu_autopatch.spec import (
     unsupported,
 )
 
-#: Position of this family in the catalogue (``catalog.builtin``): families are applied in this order.
-ORDER = 20
-
 TARGET = Target.parse("vllm.model_executor.layers.rotary_embedding.common:ApplyRotaryEmb.__init__")
 #: The upstream signature the replacement reproduces (unchanged in vLLM 0.13 ... 0.33).
 EXPECTED_SIGNATURE = "(self, enforce_enable=False, is_neox_style=True, enable_fp32_compute=False)"
