@@ -220,12 +220,16 @@ def _module_name(path: Path) -> str:
 def _import_graph() -> dict[str, set[str]]:
     """Every module of the package -> the package modules it imports: every import statement is an
     edge, at module level, in a function or under ``TYPE_CHECKING`` (``from a.b import c`` imports
-    ``a.b``, and ``a.b.c`` when that is a module)."""
+    ``a.b``, and ``a.b.c`` when that is a module). One exception: the package root's
+    ``TYPE_CHECKING`` block, which names the public API's real types for type checkers; it never
+    runs, and every module's import runs the root first anyway (each module "imports" it)."""
     paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skipped = {id(n) for n in _type_checking_nodes(tree)} if "." not in name else set()
+        for node in (n for n in ast.walk(tree) if id(n) not in skipped):
             if isinstance(node, ast.Import):
                 edges |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom):
