@@ -112,9 +112,22 @@ def _float(*tensors: torch.Tensor) -> None:
         require(tensor.dtype in floats, "float_dtype", str(tensor.dtype))
 
 
-def is_transposed(tensor: torch.Tensor) -> bool:
+def transposed(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """The docs' "transposed": shape ``[M, K]`` with strides ``[1, M]`` (last two dims)."""
-    return tensor.dim() >= 2 and tensor.stride(-2) == 1 and tensor.stride(-1) == tensor.shape[-2]
+    return len(shape) >= 2 and strides[-2] == 1 and strides[-1] == shape[-2]
+
+
+def is_transposed(tensor: torch.Tensor) -> bool:
+    return transposed(tuple(tensor.shape), tensor.stride())
+
+
+def layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
+    """A traced tensor's layout as the rules see it: ``row-major``, ``transposed`` or ``strided``."""
+    expected, row_major = 1, True
+    for size, stride in zip(reversed(shape), reversed(strides), strict=True):
+        row_major &= size == 1 or stride == expected
+        expected *= size
+    return "row-major" if row_major else "transposed" if transposed(shape, strides) else "strided"
 
 
 def plain(tensor: torch.Tensor) -> bool:
@@ -282,7 +295,7 @@ def install(monkeypatch: Any, version: str = npu_contract.NEWEST) -> Any:
 
     calls.clear()
     trace.clear()
-    monkeypatch.setattr(sys.modules[__name__], "release", release)
+    monkeypatch.setattr(sys.modules[__name__], "release", release)  # put back after the test
     use_release(version)
     monkeypatch.setitem(sys.modules, "torch_npu", sys.modules[__name__])
     monkeypatch.setattr(_npu_kernels, "_torch_npu", None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+import npu_emulation
 import pytest
 import torch
 from conftest import PRESENT, VERL_OWNS, builders, randomize, restored
@@ -54,13 +55,7 @@ def _layout(summary: Any) -> Any:
     """A call's form: tensors as (rank, dtype, row-major / transposed / other strides)."""
     if isinstance(summary, tuple) and summary[:1] == ("tensor",):
         _, shape, dtype, strides = summary
-        rows = [s for s in reversed(range(len(shape)))]
-        contiguous, expected = True, 1
-        for dim in rows:
-            contiguous &= shape[dim] == 1 or strides[dim] == expected
-            expected *= shape[dim]
-        transposed = len(shape) >= 2 and strides[-2] == 1 and strides[-1] == shape[-2]
-        return ("tensor", len(shape), dtype, "row-major" if contiguous else "transposed" if transposed else "strided")
+        return ("tensor", len(shape), dtype, npu_emulation.layout(shape, strides))
     if isinstance(summary, tuple):
         return tuple(_layout(s) for s in summary)
     return summary

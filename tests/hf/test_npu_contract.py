@@ -56,17 +56,14 @@ def test_calls_the_op_parser_refuses_raise_type_error(npu: Any, release: str, ca
         call(npu)
 
 
-def _valid_gmm(**change: Any) -> Any:
-    return _bad_gmm(**change)()
-
-
 def _k_split(x: torch.Tensor, **change: Any) -> Any:
     counts = torch.tensor([2, 0, 4])
     kwargs = {"group_list": counts, "split_item": 3, "group_type": 2, "group_list_type": 1, **change}
     return npu_emulation.npu_grouped_matmul([x], [torch.randn(6, 5)], **kwargs)
 
 
-def _bad_gmm(**change: Any) -> Callable[[], Any]:
+def _gmm_call(**change: Any) -> Callable[[], Any]:
+    """A valid M-split grouped matmul call with ``change`` applied (``"-"``: leave the keyword out)."""
     (x,), (w,), counts = _gmm_args()
     x_list, w_list = change.pop("x", [x]), change.pop("weight", [w])
     kwargs = {"group_list": counts, "split_item": 2, "group_type": 0, "group_list_type": 1, **change}
@@ -97,16 +94,16 @@ BREAKERS: dict[str, Callable[..., Any]] = {
     "unpermute.dtype": lambda: n.npu_moe_token_unpermute(
         r(8, 8), torch.arange(8, dtype=torch.int32), probs=r(4, 2, dtype=torch.bfloat16)
     ),
-    "gmm.unsupported_argument": _bad_gmm(bias=[r(5)]),
-    "gmm.group_list": _bad_gmm(group_list=torch.tensor([2, 0, 4], dtype=torch.int32)),
-    "gmm.group_list_type": _bad_gmm(group_list_type=2),
-    "gmm.group_type": _bad_gmm(group_type="-"),  # the schema default None
-    "gmm.split_item": _bad_gmm(split_item=0),
-    "gmm.single": _bad_gmm(x=[r(6, 4), r(6, 4)]),
-    "gmm.dtype": _bad_gmm(weight=[r(3, 4, 5, dtype=torch.bfloat16)]),
-    "gmm.m_split_layout": _bad_gmm(x=[r(4, 6).t()]),
+    "gmm.unsupported_argument": _gmm_call(bias=[r(5)]),
+    "gmm.group_list": _gmm_call(group_list=torch.tensor([2, 0, 4], dtype=torch.int32)),
+    "gmm.group_list_type": _gmm_call(group_list_type=2),
+    "gmm.group_type": _gmm_call(group_type="-"),  # the schema default None
+    "gmm.split_item": _gmm_call(split_item=0),
+    "gmm.single": _gmm_call(x=[r(6, 4), r(6, 4)]),
+    "gmm.dtype": _gmm_call(weight=[r(3, 4, 5, dtype=torch.bfloat16)]),
+    "gmm.m_split_layout": _gmm_call(x=[r(4, 6).t()]),
     "gmm.k_split_layout": lambda: _k_split(r(6, 4).t().contiguous()),  # our old dW call: a copy of x^T
-    "gmm.group_sizes": _bad_gmm(group_list=torch.tensor([2, 0, 3])),
+    "gmm.group_sizes": _gmm_call(group_list=torch.tensor([2, 0, 3])),
     "gmm.meta_group_type_2": _compiling,
 }
 
@@ -133,8 +130,8 @@ def test_each_rule_fails_when_broken(npu: Any, monkeypatch: pytest.MonkeyPatch, 
 
 def test_the_valid_forms_pass(npu: Any) -> None:
     """The unbroken twins of the breakers: the rules refuse only what they name."""
-    assert _valid_gmm()[0].shape == (6, 5)
-    assert _valid_gmm(weight=[r(3, 5, 4).transpose(1, 2)])[0].shape == (6, 5)  # transposed weight: allowed
+    assert _gmm_call()()[0].shape == (6, 5)
+    assert _gmm_call(weight=[r(3, 5, 4).transpose(1, 2)])()[0].shape == (6, 5)  # transposed weight: allowed
     assert _k_split(r(6, 4).t())[0].shape == (3, 4, 5)
     out, rstd = n.npu_rms_norm(r(2, 8), r(8), epsilon=1e-6)
     assert out.shape == (2, 8) and rstd.shape == (2, 1)
