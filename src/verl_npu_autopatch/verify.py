@@ -102,16 +102,23 @@ def errors(got: list[Any], want: list[Any]) -> tuple[float, float]:
     return worst_abs, worst_abs / scale if scale > 0 else worst_abs
 
 
-def _step(fn: Callable[..., Any], call: Any, seeds: list[Any] | None) -> tuple[list[Any], list[Any]]:
-    """One forward (and backward with ``seeds`` as output gradients): outputs and leaf gradients."""
+def _forward(fn: Callable[..., Any], call: Any) -> list[Any]:
+    """One forward: the floating-point outputs (still attached to the graph)."""
+    return _tensors(fn(*call.args))
+
+
+def _grads(outs: list[Any], call: Any, seeds: list[Any]) -> list[Any]:
+    """The leaves' gradients of ``outs`` with ``seeds`` as output gradients (zeros where unused)."""
     import torch
 
-    outs = _tensors(fn(*call.args))
-    if seeds is None:
-        return outs, []
     pairs = [(o, g) for o, g in zip(outs, seeds, strict=True) if o.requires_grad]
     grads = torch.autograd.grad([o for o, _ in pairs], call.leaves, [g for _, g in pairs], allow_unused=True)
-    return outs, [torch.zeros_like(leaf) if g is None else g for leaf, g in zip(call.leaves, grads, strict=True)]
+    return [torch.zeros_like(leaf) if g is None else g for leaf, g in zip(call.leaves, grads, strict=True)]
+
+
+def _step(fn: Callable[..., Any], call: Any, seeds: list[Any]) -> None:
+    """One forward and backward (what :func:`_seconds` times)."""
+    _grads(_forward(fn, call), call, seeds)
 
 
 def _seconds(fn: Callable[..., Any], call: Any, seeds: list[Any], device: Any) -> float:
@@ -138,10 +145,11 @@ def check(case: Any, dtype_name: str, device: Any) -> dict[str, Any]:
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
     call = case.make(dtype, device)
-    want, _ = _step(case.upstream, call, None)
+    want = _forward(case.upstream, call)
     seeds = [torch.randn_like(t) for t in want]
-    want, want_grads = _step(case.upstream, call, seeds)
-    got, got_grads = _step(case.patched, call, seeds)
+    want_grads = _grads(want, call, seeds)
+    got = _forward(case.patched, call)
+    got_grads = _grads(got, call, seeds)
     fwd_abs, fwd_rel = errors(got, want)
     bwd_abs, bwd_rel = errors(got_grads, want_grads)
     tol = TOLERANCE[dtype_name]
