@@ -35,7 +35,7 @@
   placeholder backend (no ``DeviceOperator``, no ``forward``), and the unscaled code is still
   ``AscendSFAImpl.indexer_select_post_process`` in sfa_v1. Live, the indexer variant resolves only
   where that module has ``DeviceOperator``, and a variant whose check says unsupported hands over
-  to the next; the static rule follows the same order (``_static_indexer``).
+  to the next; the static rule follows the same order (``_glm52_static.static_indexer``).
 
 Each patch's decision is a pure rule over :class:`~._fingerprints.Code` values, used by ``check`` on the
 live target and by ``scripts/compat-matrix`` (the patch's ``static`` rule) on a release's source.
@@ -44,60 +44,45 @@ Next to verl 0.9's ``patch_vllm_ascend_glm52`` (same three fixes): each of ours 
 ``_verl_vllm_ascend_glm52_patched`` marker, so verl run after us skips its copy. Run after verl,
 the indexer scale and kv_b_proj fixes (equivalent to verl's) record ``yielded``; the RMSNorm fix
 (verl's drops the norm's bias) replaces verl's and wraps the upstream method verl wrapped.
+
+This module is the family: the live checks, the fixes and ``PATCHES``. Its helpers, each with one job:
+
+- ``_glm52_rules``: the decisions, pure rules over ``Code`` values, with the upstream names they read;
+- ``_glm52_static``: the static rules, those decisions on a release's source (the decision table).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree, params_mismatch
-from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, over_verl, peel, yield_to_verl
-from verl_npu_autopatch.patching import chain, replace_method, set_marked, signature_text
-from verl_npu_autopatch.spec import (
-    APPLY,
-    Patch,
-    Site,
-    StaticRule,
-    Target,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
+from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.patches._glm52_rules import (
+    DEVICE_OP_FILE,
+    INDEXER,
+    INDEXER_FILE,
+    LAYERNORM,
+    LAYERNORM_FILE,
+    SFA,
+    SFA_FILE,
+    indexer_backend_rule,
+    indexer_rule,
+    kv_b_proj_rule,
+    rms_norm_rule,
 )
+from verl_npu_autopatch.patches._glm52_static import static_indexer, static_kv_b_proj, static_rms_norm
+from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, over_verl, peel, yield_to_verl
+from verl_npu_autopatch.patching import chain, replace_method, set_marked
+from verl_npu_autopatch.spec import Patch, Site, StaticRule, Target, Undo, Verdict
 
 GROUPS = ("glm52", "ascend")
 REFERENCE = "https://github.com/verl-project/verl/pull/7779"
 
-LAYERNORM = "vllm_ascend.ops.layernorm"
-SFA = "vllm_ascend.attention.sfa_v1"
-INDEXER = "vllm_ascend.attention.indexer"
-DEVICE_OP = "vllm_ascend.device.device_op"
-
-LAYERNORM_FILE = "vllm_ascend/ops/layernorm.py"
-SFA_FILE = "vllm_ascend/attention/sfa_v1.py"
-INDEXER_FILE = "vllm_ascend/attention/indexer.py"
-DEVICE_OP_FILE = "vllm_ascend/device/device_op.py"
-
 
 # =========================================================================== RMSNorm
-RMS_PARAMS = ("self", "x", "residual")
-
-
-def rms_norm_rule(forward_oot: Code) -> Verdict:
-    """Decide on ``AscendRMSNorm.forward_oot``."""
-    mismatch = params_mismatch(forward_oot, RMS_PARAMS, "forward_oot")
-    if mismatch:
-        return mismatch
-    if forward_oot.has("residual=x+residual", "npu_rms_norm(residual,self.weight"):
-        return fixed_upstream("forward_oot already adds the residual explicitly before npu_rms_norm")
-    if not forward_oot.has("npu_add_rms_norm"):
-        return unsupported("a fused npu_add_rms_norm call on the residual path", "forward_oot without it")
-    return APPLY
-
-
 def _check_rms_norm(site: Site) -> Verdict:
     return over_verl(rms_norm_rule(Code.live(site.value)), site.value, "it drops the norm's bias")
 
@@ -129,53 +114,15 @@ def _fix_rms_norm(site: Site) -> Undo:
     return replace_method(site.owner, site.attribute, make, site.patch.name)
 
 
-def _static_rms_norm(tree: UpstreamTree) -> Verdict:
-    code = tree.code(LAYERNORM, "AscendRMSNorm.forward_oot")
-    if code is None:
-        return unsupported(f"{LAYERNORM}:AscendRMSNorm.forward_oot", _absent(tree, LAYERNORM))
-    return rms_norm_rule(code)
-
-
 # =========================================================================== SFA kv_b_proj
-PWAL_PARAMS = ("self", "act_dtype")
-
 #: Layers that ``sfa_v1.dispose_layer`` must leave alone in the current context. A tuple, so
 #: nested (re-entrant) calls stack; a ContextVar, so threads and tasks never see each other's.
 _preserved: ContextVar[tuple[Any, ...]] = ContextVar("verl_npu_autopatch_sfa_preserved", default=())
 
 
-#: 0.30.0rc2: upstream disposes kv_b_proj only outside RL weight-update mode.
-RL_KEEPS = "ifnotself.rl_weight_update_enabled:dispose_layer(self.kv_b_proj)"
-RL_MODE = "RL weight-update mode (additional_config.rl_config.enabled or --weight-transfer-config)"
-
-
-def kv_b_proj_rule(process: Code, module_has_dispose_layer: bool, rl_update: bool | None = None) -> Verdict:
-    """Decide on ``AscendSFAImpl.process_weights_after_loading`` and the module's ``dispose_layer``;
-    ``rl_update`` is upstream's RL weight-update switch in the live config (``None``: not known)."""
-    mismatch = params_mismatch(process, PWAL_PARAMS, "process_weights_after_loading")
-    if mismatch:
-        return mismatch
-    if not process.has("dispose_layer(self.kv_b_proj)"):
-        return fixed_upstream("process_weights_after_loading no longer disposes self.kv_b_proj")
-    if not module_has_dispose_layer:
-        return unsupported("a module-global dispose_layer in sfa_v1", "none")
-    if process.has(RL_KEEPS):
-        if rl_update:
-            return fixed_upstream(f"upstream keeps kv_b_proj in {RL_MODE}, which is on")
-        return Verdict(
-            "apply",
-            f"upstream keeps kv_b_proj only in {RL_MODE}; decided at run time: fixed-upstream when the "
-            "live config has it on, else the fix keeps kv_b_proj (and steps aside per call on layers "
-            "whose rl_weight_update_enabled is set)",
-        )
-    return APPLY
-
-
 def _rl_weight_update(module: Any) -> bool | None:
     """Upstream's RL weight-update switch for the current vLLM config (``None``: no such switch in
     this release, no current config yet, or the Ascend config is not initialised)."""
-    import sys
-
     probe = getattr(module, "is_rl_weight_update_enabled", None)
     config = getattr(sys.modules.get("vllm.config.vllm"), "_current_vllm_config", None)
     if not callable(probe) or config is None:
@@ -219,75 +166,7 @@ def _fix_kv_b_proj(site: Site) -> Undo:
     return chain(undo_dispose, replace_method(site.owner, site.attribute, make, name))
 
 
-def _static_kv_b_proj(tree: UpstreamTree) -> Verdict:
-    module = tree.module(SFA)
-    code = module.code("AscendSFAImpl.process_weights_after_loading") if module else None
-    if code is None:
-        return unsupported(f"{SFA}:AscendSFAImpl.process_weights_after_loading", _absent(tree, SFA))
-    return kv_b_proj_rule(code, module.binds("dispose_layer"))
-
-
 # =========================================================================== SFA indexer scale
-INDEXER_PARAMS = ("sfa_impl", "q_li", "q_li_scale", "q_li_shape_ori", "weights")
-#: 0.30.0rc2: ``DeviceOperator.indexer_select_post_process`` without ``sfa_impl``.
-BACKEND_PARAMS = ("q_li", "q_li_scale", "q_li_shape_ori", "weights")
-BACKEND_CALL = "DeviceOperator.indexer_select_post_process(q_li,q_li_scale,q_li_shape_ori,weights,"
-SCALED = ("n_head**-0.5", "head_dim**-0.5")
-
-
-def _post_process_params(post_process: Code, expected: tuple[str, ...]) -> Verdict | None:
-    found = post_process.params[: len(expected)] if post_process.params else post_process.params
-    if found == expected:
-        return None
-    return unsupported(
-        f"DeviceOperator.indexer_select_post_process{signature_text((*expected, '...'))}",
-        f"DeviceOperator.indexer_select_post_process{signature_text(post_process.params)}",
-    )
-
-
-def indexer_rule(post_process: Code, impl: Code | None) -> Verdict:
-    """Decide on ``DeviceOperator.indexer_select_post_process`` (the patched staticmethod) and the
-    ``AscendSFAImpl.indexer_select_post_process`` that builds its weights (0.21 - 0.29)."""
-    wrong = _post_process_params(post_process, INDEXER_PARAMS)
-    if wrong:
-        return wrong
-    if impl is None or impl.source is None:
-        return unsupported("AscendSFAImpl.indexer_select_post_process in sfa_v1", "none")
-    if impl.has(*SCALED):
-        return fixed_upstream("AscendSFAImpl.indexer_select_post_process already scales the indexer weights")
-    if not impl.has("weights=kw[:,self.head_dim:]", "DeviceOperator.indexer_select_post_process("):
-        return unsupported(
-            "AscendSFAImpl.indexer_select_post_process slicing weights=kw[:, self.head_dim:] and calling "
-            "DeviceOperator.indexer_select_post_process",
-            "a different body",
-        )
-    return APPLY
-
-
-def indexer_backend_rule(post_process: Code, forward: Code | None, forward_k: Code | None) -> Verdict:
-    """Decide on 0.30's ``DeviceOperator.indexer_select_post_process`` and the standard
-    ``AscendSFAIndexerBackend.forward`` / ``forward_k`` of ``attention/indexer.py`` feeding it."""
-    wrong = _post_process_params(post_process, BACKEND_PARAMS)
-    if wrong:
-        return wrong
-    if forward is None or forward.source is None:
-        return unsupported(f"{INDEXER}:AscendSFAIndexerBackend.forward", "none")
-    bodies = [c for c in (forward, forward_k) if c is not None]
-    if any(c.has(SCALED[0]) or c.has("softmax_scale*") for c in bodies):
-        return fixed_upstream("AscendSFAIndexerBackend already scales the indexer weights")
-    if not forward.has(BACKEND_CALL) or not any(c.has("kw[:,self.head_dim:]") for c in bodies):
-        return unsupported(
-            "AscendSFAIndexerBackend.forward taking kw[:, self.head_dim:] as weights and calling "
-            "DeviceOperator.indexer_select_post_process(q_li, q_li_scale, q_li_shape_ori, weights, ...)",
-            "a different body",
-        )
-    return Verdict(
-        "apply",
-        "the standard AscendSFAIndexerBackend (attention/indexer.py) passes kw[:, head_dim:] unscaled to "
-        "DeviceOperator.indexer_select_post_process; the GLM-Next KPool backend scales its own and is untouched",
-    )
-
-
 def _live_code(cls: Any, name: str) -> Code | None:
     value = getattr(cls, name, None)
     return Code.live(value) if value is not None else None
@@ -336,110 +215,6 @@ def _fix_indexer(site: Site) -> Undo:
     return replace_method(site.owner, site.attribute, make, site.patch.name)
 
 
-PLACEHOLDER_NOTE = (
-    "attention/indexer.py here is a cache-layer placeholder (no AscendSFAIndexerBackend.forward); "
-    "the unscaled weights are AscendSFAImpl.indexer_select_post_process's, in sfa_v1"
-)
-
-
-def _static_indexer(tree: UpstreamTree) -> Verdict:
-    """The engine's variant order on the release's source: a variant counts only where its module
-    holds the unscaled code the fix is for, and one whose rule says unsupported hands over to the
-    next, as ``_pipeline.run`` does. vllm-ascend 0.24 - 0.27 ship an ``attention/indexer.py`` that
-    is only a cache-layer placeholder (no ``DeviceOperator``, no ``AscendSFAIndexerBackend.forward``):
-    there the unscaled code is still ``AscendSFAImpl.indexer_select_post_process`` in sfa_v1."""
-    passed: list[str] = []
-    notes: list[str] = []
-    for variant in (_static_backend_variant, _static_sfa_variant):
-        verdict = variant(tree)
-        if verdict is None:
-            if variant is _static_backend_variant and tree.has_module(INDEXER):
-                notes.append(PLACEHOLDER_NOTE)
-            continue
-        if verdict.action != "unsupported":
-            return Verdict(verdict.action, "; ".join(r for r in (verdict.reason, *notes) if r))
-        passed.append(verdict.reason)
-    if not passed:
-        return unsupported(
-            f"{INDEXER}:AscendSFAIndexerBackend.forward or {SFA}:AscendSFAImpl.indexer_select_post_process",
-            "neither",
-        )
-    return Verdict("unsupported", " | ".join(passed))
-
-
-def _static_backend_variant(tree: UpstreamTree) -> Verdict | None:
-    """0.28+: ``attention/indexer.py`` with the standard backend's forward (``None``: the module is
-    absent or a placeholder without it)."""
-    indexer = tree.module(INDEXER)
-    forward = indexer.code("AscendSFAIndexerBackend.forward") if indexer else None
-    if indexer is None or forward is None or not indexer.imports_from(DEVICE_OP, "DeviceOperator"):
-        return None
-    return _static_device_classes(
-        tree,
-        indexer,
-        f"{INDEXER}:DeviceOperator.indexer_select_post_process",
-        lambda code: indexer_backend_rule(code, forward, indexer.code("AscendSFAIndexerBackend.forward_k")),
-    )
-
-
-def _static_sfa_variant(tree: UpstreamTree) -> Verdict | None:
-    """0.21 - 0.27: ``AscendSFAImpl.indexer_select_post_process`` in sfa_v1 (``None``: no sfa_v1,
-    or it no longer defines that method)."""
-    sfa = tree.module(SFA)
-    impl = sfa.code("AscendSFAImpl.indexer_select_post_process") if sfa else None
-    if sfa is None or impl is None:
-        return None
-    target = f"{SFA}:DeviceOperator.indexer_select_post_process"
-    return _static_device_classes(tree, sfa, target, lambda code: indexer_rule(code, impl))
-
-
-def _static_device_classes(
-    tree: UpstreamTree, module: ModuleSource, target: str, rule: Callable[[Code], Verdict]
-) -> Verdict:
-    """``rule`` on every device class ``DeviceOperator`` can resolve to, combined."""
-    device_op = tree.module(DEVICE_OP)
-    if not module.imports_from(DEVICE_OP, "DeviceOperator") or device_op is None:
-        return unsupported(target, f"{target.partition(':')[0]} has no DeviceOperator from {DEVICE_OP}")
-    verdicts: dict[str, Verdict] = {}
-    for cls in device_op.returned_names("get_device_adaptor") or _adaptor_classes(device_op) or ["BaseDeviceAdaptor"]:
-        code = device_op.code(f"{cls}.indexer_select_post_process")
-        verdicts[cls] = (
-            unsupported(target, f"{DEVICE_OP}.{cls} has no indexer_select_post_process") if code is None else rule(code)
-        )
-    return _combine(verdicts)
-
-
-def _adaptor_classes(device_op: ModuleSource) -> list[str]:
-    """The device classes of a ``get_device_adaptor`` that looks them up in a dict (0.30)."""
-    import ast
-
-    node = device_op._top("get_device_adaptor")
-    if node is None:
-        return []
-    return [
-        value.id
-        for sub in ast.walk(node)
-        if isinstance(sub, ast.Dict)
-        for value in sub.values
-        if isinstance(value, ast.Name)
-    ]
-
-
-# =========================================================================== helpers
-def _absent(tree: UpstreamTree, module: str) -> str:
-    return f"{module} is missing" if not tree.has_module(module) else f"{module} without it"
-
-
-def _combine(verdicts: dict[str, Verdict]) -> Verdict:
-    """One verdict for several device classes: theirs when they agree, else the first that is not
-    ``apply`` with the class named."""
-    distinct = {(v.action, v.reason) for v in verdicts.values()}
-    if len(distinct) == 1:
-        return next(iter(verdicts.values()))
-    cls, worst = next((c, v) for c, v in verdicts.items() if v.action != "apply")
-    return Verdict(worst.action, f"{cls}: {worst.reason}")
-
-
 PATCHES = [
     Patch(
         name="ascend.rms_norm_residual",
@@ -450,7 +225,7 @@ PATCHES = [
         default=False,
         check=_check_rms_norm,
         fix=_fix_rms_norm,
-        static=StaticRule(_static_rms_norm, reads=(LAYERNORM_FILE,)),
+        static=StaticRule(static_rms_norm, reads=(LAYERNORM_FILE,)),
     ),
     Patch(
         name="ascend.sfa_keep_kv_b_proj",
@@ -463,7 +238,7 @@ PATCHES = [
         check=_check_kv_b_proj,
         fix=_fix_kv_b_proj,
         yields_to=(yield_to_verl(),),
-        static=StaticRule(_static_kv_b_proj, reads=(SFA_FILE,)),
+        static=StaticRule(static_kv_b_proj, reads=(SFA_FILE,)),
     ),
     Patch(
         name="ascend.sfa_indexer_scale",
@@ -479,6 +254,6 @@ PATCHES = [
         check=_check_indexer,
         fix=_fix_indexer,
         yields_to=(yield_to_verl(),),
-        static=StaticRule(_static_indexer, reads=(INDEXER_FILE, SFA_FILE, DEVICE_OP_FILE)),
+        static=StaticRule(static_indexer, reads=(INDEXER_FILE, SFA_FILE, DEVICE_OP_FILE)),
     ),
 ]
