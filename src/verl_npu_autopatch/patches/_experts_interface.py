@@ -77,7 +77,7 @@ def _default_choice(original: Any) -> Any:
     return get_correct_experts_implementation
 
 
-def register(cls: type, transposed: bool, patch_name: str) -> Undo:
+def register(cls: type[Any], transposed: bool, patch_name: str) -> Undo:
     """Make the kernel ``cls``'s default experts implementation; returns the undo."""
     global _default_undo
     interface = dispatcher_interface(cls.forward)

@@ -48,16 +48,20 @@ def rms_norm(original: Callable, eps_attr: str, offset: bool) -> Callable:
     input and weight. ``offset=True``: Qwen3-Next/Qwen3.5 style, ``normalize(x) * (1 + weight)``
     in fp32, cast back to the input dtype.
     """
-    if offset:
+    return (_offset_rms_norm if offset else _plain_rms_norm)(original, eps_attr)
 
-        @functools.wraps(original)
-        def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-            gamma = 1.0 + self.weight.float()
-            out = npu().npu_rms_norm(hidden_states.float(), gamma, epsilon=getattr(self, eps_attr))[0]
-            return out.type_as(hidden_states)
 
-        return forward
+def _offset_rms_norm(original: Callable, eps_attr: str) -> Callable:
+    @functools.wraps(original)
+    def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+        gamma = 1.0 + self.weight.float()
+        out = npu().npu_rms_norm(hidden_states.float(), gamma, epsilon=getattr(self, eps_attr))[0]
+        return out.type_as(hidden_states)
 
+    return forward
+
+
+def _plain_rms_norm(original: Callable, eps_attr: str) -> Callable:
     @functools.wraps(original)
     def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = self.weight
@@ -113,17 +117,30 @@ def rotary(original: Callable, legacy_position_ids: bool) -> Callable:
     ``legacy_position_ids``: the original signature is ``(q, k, cos, sin, position_ids=None,
     unsqueeze_dim=1)`` (older transformers) rather than ``(q, k, cos, sin, unsqueeze_dim=1)``.
     """
-    if legacy_position_ids:
+    return (_legacy_rotary if legacy_position_ids else _plain_rotary)(original)
 
-        @functools.wraps(original)
-        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-            cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-            return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
-        return apply_rotary_pos_emb
-
+def _legacy_rotary(original: Callable) -> Callable:
     @functools.wraps(original)
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    def apply_rotary_pos_emb(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        unsqueeze_dim: int = 1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    return apply_rotary_pos_emb
+
+
+def _plain_rotary(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def apply_rotary_pos_emb(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 

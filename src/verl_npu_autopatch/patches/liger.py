@@ -199,7 +199,9 @@ def _wrap_dispatcher(original: Callable) -> Callable:
 def _fix(site: Site) -> Undo:
     """Wrap the apply functions (attributes and dispatch-table entries) and the dispatchers."""
     module, name = site.module, site.patch.name
-    engine: HandOver = site.engine
+    engine = site.engine
+    if engine is None:  # the engine passes itself; a hand-built Site cannot arbitrate with Liger
+        raise TypeError(f"{name} needs the engine applying it (Site.engine)")
     undos: list[Undo] = []
     wrapped: dict[int, Callable] = {}
     for family, fn in _apply_functions(module).items():
@@ -209,15 +211,15 @@ def _fix(site: Site) -> Undo:
         wrapped[id(fn)] = wrapper
         undos.append(set_marked(module, fn.__name__, wrapper, name))
     table = getattr(module, TABLE)
-    for key, fn in list(table.items()):
-        wrapper = wrapped.get(id(fn))
-        if wrapper is not None:
-            table[key] = wrapper
-            undos.append(_table_undo(table, key, fn, wrapper))
+    for key, entry in list(table.items()):
+        replacement = wrapped.get(id(entry))
+        if replacement is not None:
+            table[key] = replacement
+            undos.append(_table_undo(table, key, entry, replacement))
     for dispatcher in DISPATCHERS:
-        fn = getattr(module, dispatcher, None)
-        if callable(fn) and marked_by(fn) != name:
-            undos.append(set_marked(module, dispatcher, _wrap_dispatcher(fn), name))
+        live = getattr(module, dispatcher, None)
+        if callable(live) and marked_by(live) != name:
+            undos.append(set_marked(module, dispatcher, _wrap_dispatcher(live), name))
     return chain(*undos)
 
 

@@ -131,7 +131,8 @@ def _fix(site: Site) -> Undo:
         # No ``__wrapped__``: verl's ``import verl`` restores ``__wrapped__`` of whatever is there,
         # which would replace ours and leave the record claiming a target it no longer holds.
         del unintercepted.__wrapped__
-        unintercepted.__signature__ = _signature(original)
+        # functools.wraps' result type declares no __signature__; inspect.signature reads it
+        unintercepted.__signature__ = _signature(original)  # type: ignore[attr-defined]
         undos.append(set_marked(site.owner, name, unintercepted, site.patch.name))
     return chain(*undos)
 

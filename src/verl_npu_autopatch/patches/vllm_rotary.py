@@ -81,6 +81,10 @@ _REQUIRED = frozenset({"self.is_neox_style = is_neox_style", "self.enable_fp32_c
 _TOLERANT = frozenset({"ModuleNotFoundError", "ImportError", "Exception", "BaseException"})
 
 
+#: The marker of each variadic parameter kind in a signature's text.
+_STARS: dict[Any, str] = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+
+
 def _signature(func: Any) -> str | None:
     """``(name=default, ...)`` of ``func``, without annotations; ``None`` when not inspectable.
 
@@ -94,7 +98,7 @@ def _signature(func: Any) -> str | None:
         if p.kind is p.KEYWORD_ONLY and not star:
             parts.append("*")
             star = True
-        prefix = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "")
+        prefix = _STARS.get(p.kind, "")
         star = star or p.kind is p.VAR_POSITIONAL
         parts.append(prefix + p.name + ("" if p.default is p.empty else f"={p.default!r}"))
     return f"({', '.join(parts)})"
@@ -165,6 +169,7 @@ def _unguarded_imports(stmt: ast.stmt) -> tuple[int, int]:
 
     def visit(node: ast.AST, guarded: bool) -> None:
         nonlocal total, unguarded
+        child: ast.AST
         if _is_flash_attn_import(node):
             total += 1
             unguarded += not guarded
@@ -227,7 +232,7 @@ def _check(site: Site) -> Verdict:
     return Verdict("apply", f"replaces verl's {verl}, which drops enforce_enable (vLLM's own __init__ {upstream})")
 
 
-def make_init(owner: type) -> Any:
+def make_init(owner: type[Any]) -> Any:
     """The factory for ``replace_method``: an ``__init__`` of ``owner`` that never imports flash_attn."""
 
     def make(original: Any) -> Any:
@@ -256,7 +261,7 @@ def _fix(site: Site) -> Undo:
     return replace_method(site.owner, site.attribute, make_init(site.owner), site.patch.name)
 
 
-def _ast_signature(node: ast.FunctionDef) -> str:
+def _ast_signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     """What :func:`_signature` prints, read from the definition (defaults are literals here)."""
     args = node.args
     positional = [*args.posonlyargs, *args.args]
