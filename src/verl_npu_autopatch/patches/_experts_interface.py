@@ -53,7 +53,7 @@ def installed(cls: type) -> bool:
 def _registered(interface: Any) -> bool:
     try:
         return interface[NAME] is experts_forward
-    except KeyError:
+    except KeyError:  # nothing registered under our name in this dispatcher yet
         return False
 
 

@@ -105,7 +105,7 @@ def _check(kind: str, site: Site) -> Verdict:
     """Apply when the live target has the probed shape, else ``unsupported`` (expected vs found)."""
     try:
         probe(kind, site)
-    except Unfit as unfit:
+    except Unfit as unfit:  # the probe's (expected, found) becomes the verdict
         expected, found = unfit.args
         return unsupported(f"{site.target}: {expected}", found)
     return APPLY

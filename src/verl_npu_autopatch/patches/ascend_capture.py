@@ -70,7 +70,7 @@ def capture_rule(capture: Code | None, worker_init: str | None, already_imported
 def _read(path: str | None) -> str | None:
     try:
         return Path(path).read_text(encoding="utf-8") if path else None
-    except OSError:
+    except OSError:  # no readable source (gone since import, or inside an archive): the rule sees none
         return None
 
 

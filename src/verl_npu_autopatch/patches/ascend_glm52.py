@@ -129,7 +129,7 @@ def _rl_weight_update(module: Any) -> bool | None:
         return None
     try:
         return bool(probe(config))
-    except Exception:
+    except Exception:  # upstream's probe on a config it cannot read yet: not known, the fix decides per call
         return None
 
 

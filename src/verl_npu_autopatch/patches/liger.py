@@ -139,7 +139,7 @@ def _hand_over_taken(engine: HandOver, patches: list[str], owner: str) -> None:
 def _wrap_apply(original: Callable, family: str, engine: HandOver, name: str) -> Callable:
     try:
         signature: inspect.Signature | None = inspect.signature(original)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # not inspectable: no switch is read, ours are handed over only where Liger rebinds
         signature = None
     rebound = rebound_names(original)
     ours = [(kind, patch_name(family, kind)) for kind in kinds(family)]
@@ -154,7 +154,7 @@ def _wrap_apply(original: Callable, family: str, engine: HandOver, name: str) ->
                 bound = signature.bind_partial(*args, **kwargs)
                 bound.apply_defaults()
                 switches = dict(bound.arguments)
-            except TypeError:
+            except TypeError:  # arguments Liger's function rejects: the call below raises, and ours stay
                 switches = {}
         handed, kept = [], []
         for kind, patch in ours:

@@ -113,7 +113,7 @@ def _other_owner(site: Site) -> str | None:
 def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
     try:
         return inspect.signature(func)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # not inspectable (a C function): the wrapper keeps its own signature
         return None
 
 
