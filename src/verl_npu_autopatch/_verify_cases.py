@@ -6,7 +6,8 @@ The upstream callable is the one the replacement wraps (``functools.wraps`` keep
 ``__wrapped__``); behind transformers' experts dispatcher it is the eager forward the dispatcher
 wraps, and the patched one is our registered implementation. Instances are built small: norms
 by their own constructor, MLPs as a bare module holding the three projections the forward reads,
-experts and MoE blocks from a tiny config. Imported by :mod:`verl_npu_autopatch.verify` only.
+experts and MoE blocks from a tiny config. Imported by :mod:`verl_npu_autopatch.verify` only,
+and by :mod:`verl_npu_autopatch._verify_ascend` (the vllm-ascend case) for the shared pieces.
 """
 
 from __future__ import annotations
@@ -40,16 +41,18 @@ class Call:
 @dataclass
 class Case:
     """One applied kernel patch: ``patched`` and ``upstream`` take the same arguments, built by
-    ``make``; ``inputs`` describes them for the report."""
+    ``make``; ``inputs`` describes them for the report; ``trains``: compared backward too (else
+    forward only, without autograd: inference code)."""
 
     name: str
     patched: Callable[..., Any]
     upstream: Callable[..., Any]
     make: Callable[[torch.dtype, torch.device], Call]
     inputs: str
+    trains: bool = True
 
 
-def _resolve(target: str) -> tuple[Any, Any]:
+def resolve(target: str) -> tuple[Any, Any]:
     """``(owner, value)`` of a record target ``module:qualname`` in the live modules."""
     module, _, qualname = target.partition(":")
     owner: Any = None
@@ -63,10 +66,19 @@ def _resolve(target: str) -> tuple[Any, Any]:
     return owner, value
 
 
-def _pair(name: str, owner: Any, value: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """``(patched, upstream)`` for the live target ``value`` held by ``owner``."""
+def replaced(name: str, value: Any) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """``(patched, upstream)`` when the live ``value`` is patch ``name``'s replacement: the
+    upstream callable is the one it wraps (``__wrapped__``, the saved original)."""
     if marked_by(value) == name and callable(getattr(value, "__wrapped__", None)):
         return value, value.__wrapped__
+    return None
+
+
+def _pair(name: str, owner: Any, value: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(patched, upstream)`` for the live target ``value`` held by ``owner``."""
+    pair = replaced(name, value)
+    if pair is not None:
+        return pair
     from verl_npu_autopatch.patches import _experts_interface as interface
     from verl_npu_autopatch.patches._transformers_probes import dispatcher_interface
 
@@ -80,7 +92,7 @@ def _leaf(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor
     return torch.randn(*shape, dtype=torch.float32).to(device=device, dtype=dtype).requires_grad_()
 
 
-def _placed(module: torch.nn.Module, dtype: torch.dtype, device: torch.device, norm: bool = False) -> Any:
+def placed(module: torch.nn.Module, dtype: torch.dtype, device: torch.device, norm: bool = False) -> Any:
     """``module`` with random parameters (norm scales around 1) in ``dtype`` on ``device``."""
     with torch.no_grad():
         for param in module.parameters():
@@ -91,7 +103,7 @@ def _placed(module: torch.nn.Module, dtype: torch.dtype, device: torch.device, n
 
 def _norm(cls: type, gated: bool) -> Callable[[torch.dtype, torch.device], Call]:
     def make(dtype: torch.dtype, device: torch.device) -> Call:
-        norm = _placed(cls(H), dtype, device, norm=True)
+        norm = placed(cls(H), dtype, device, norm=True)
         x = _leaf(B, S, H, dtype=dtype, device=device)
         extra = (_leaf(B, S, H, dtype=dtype, device=device),) if gated else ()
         return Call((norm, x, *extra), [x, *extra, norm.weight])
@@ -109,7 +121,7 @@ def _mlp(cls: Any) -> Callable[[torch.dtype, torch.device], Call]:
         mlp.up_proj = torch.nn.Linear(H, FF, bias=False)
         mlp.down_proj = torch.nn.Linear(FF, H, bias=False)
         mlp.act_fn = ACT2FN["silu"]
-        mlp = _placed(mlp, dtype, device)
+        mlp = placed(mlp, dtype, device)
         x = _leaf(B, S, H, dtype=dtype, device=device)
         return Call((mlp, x), [x, *mlp.parameters()])
 
@@ -162,7 +174,7 @@ def _routing(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, to
 
 def _experts(cls: type, block: bool) -> Callable[[torch.dtype, torch.device], Call]:
     def make(dtype: torch.dtype, device: torch.device) -> Call:
-        module = _placed(cls(tiny_config()), dtype, device)
+        module = placed(cls(tiny_config()), dtype, device)
         params = [p for p in module.parameters() if p.requires_grad]
         if block:
             x = _leaf(B, S, H, dtype=dtype, device=device)
@@ -177,7 +189,7 @@ def _experts(cls: type, block: bool) -> Callable[[torch.dtype, torch.device], Ca
 def case(name: str, target: str) -> Case:
     """The case of the applied patch ``name`` (``transformers.<family>.<kind>``) on ``target``."""
     kind = name.rsplit(".", 1)[-1]
-    owner, value = _resolve(target)
+    owner, value = resolve(target)
     patched, upstream = _pair(name, owner, value)
     hidden = f"x [{B}, {S}, {H}]"
     if kind in ("rms_norm", "rms_norm_gated"):

@@ -2,16 +2,18 @@
 tiny inputs on the device.
 
 Runs in the doctor child (a fresh interpreter, where the patches went in at import). For every
-applied transformers kernel patch and each dtype of :data:`TOLERANCE`, the patched and the
-upstream callable get the same inputs; the outputs (forward) and the gradients of the inputs and
-parameters (backward: every kernel here trains) are compared as the largest absolute error and
-that error relative to the largest upstream magnitude, which must stay within the dtype's
-tolerance. Each callable is also timed (forward and backward, the fastest of a few calls) and
-reported as patched / upstream.
+applied transformers kernel patch (and each patch of :data:`INFERENCE`) and each dtype of
+:data:`TOLERANCE`, the patched and the upstream callable get the same inputs; the outputs
+(forward) and, for the transformers kernels (they train), the gradients of the inputs and
+parameters (backward) are compared as the largest absolute error and that error relative to the
+largest upstream magnitude, which must stay within the dtype's tolerance. The patches of
+:data:`INFERENCE` are vLLM inference code: forward only, without autograd. Each callable is also
+timed (the fastest of a few calls) and reported as patched / upstream.
 
 The other patches have no tiny-input check (:data:`NOT_NUMERIC` says why, per patch); they are
-listed, never counted as passed. On an NPU host the tensors go to the ``npu`` device; elsewhere
-(``--device npu``) they stay on the CPU and run whatever ``import torch_npu`` gives.
+listed, never counted as passed; a patch with a check that is not applied here is listed with its
+state and reason. On an NPU host the tensors go to the ``npu`` device; elsewhere (``--device
+npu``) they stay on the CPU and run whatever ``import torch_npu`` gives.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ MEASURED = (
     "time_ratio",
 )
 
+#: Patches checked forward only (vLLM inference code: no backward), beside the transformers kernels.
+INFERENCE = ("ascend.rms_norm_residual",)
+
 #: Patches (or name prefixes) without a tiny-input check, and why.
 NOT_NUMERIC: dict[str, str] = {
     "vllm.moe_weight_loader": "fixes where shards land in vllm-ascend's transposed weights (upstream is the bug, no "
@@ -46,7 +51,6 @@ NOT_NUMERIC: dict[str, str] = {
     "vllm.rotary_flash_attn_guard": "changes what ApplyRotaryEmb imports, not what it computes",
     "vllm.engine_partial_wake_up": "EngineCore scheduling control flow",
     "verl.": "hands targets back from verl's own patches: ownership, no arithmetic",
-    "ascend.rms_norm_residual": "numeric, but AscendRMSNorm needs a vLLM config context: not built yet",
     "ascend.sfa_indexer_scale": "changes the indexer weights' scale on purpose (upstream is the bug, no reference); "
     "needs the SFA attention layer",
     "ascend.": "vllm-ascend weight handling / memory / capture control flow inside a running engine",
@@ -59,6 +63,13 @@ NOT_NUMERIC: dict[str, str] = {
     "torch_npu.": "removes torch_npu's refusal of torch.nested: upstream raises, nothing to compare",
     "megatron.": "GPTModel post-processing control flow: needs a Megatron model",
 }
+
+
+def has_check(name: str) -> bool:
+    """Whether patch ``name`` has a tiny-input check (a transformers kernel or one of :data:`INFERENCE`)."""
+    from verl_npu_autopatch.patches._transformers_table import KERNELS
+
+    return name in INFERENCE or (name.startswith("transformers.") and name.rsplit(".", 1)[-1] in KERNELS)
 
 
 def not_numeric(name: str) -> str:
@@ -107,6 +118,14 @@ def _forward(fn: Callable[..., Any], call: Any) -> list[Any]:
     return _tensors(fn(*call.args))
 
 
+def _inference(fn: Callable[..., Any], call: Any) -> list[Any]:
+    """One forward without autograd, as inference runs it."""
+    import torch
+
+    with torch.no_grad():
+        return _forward(fn, call)
+
+
 def _grads(outs: list[Any], call: Any, seeds: list[Any]) -> list[Any]:
     """The leaves' gradients of ``outs`` with ``seeds`` as output gradients (zeros where unused)."""
     import torch
@@ -116,13 +135,17 @@ def _grads(outs: list[Any], call: Any, seeds: list[Any]) -> list[Any]:
     return [torch.zeros_like(leaf) if g is None else g for leaf, g in zip(call.leaves, grads, strict=True)]
 
 
-def _step(fn: Callable[..., Any], call: Any, seeds: list[Any]) -> None:
-    """One forward and backward (what :func:`_seconds` times)."""
-    _grads(_forward(fn, call), call, seeds)
+def _step(fn: Callable[..., Any], call: Any, seeds: list[Any] | None) -> None:
+    """One call as :func:`_seconds` times it: forward and backward, or (``seeds`` ``None``: the
+    case does not train) forward only."""
+    if seeds is None:
+        _inference(fn, call)
+    else:
+        _grads(_forward(fn, call), call, seeds)
 
 
-def _seconds(fn: Callable[..., Any], call: Any, seeds: list[Any], device: Any) -> float:
-    """Seconds of one forward + backward, synchronised with the device: the fastest of
+def _seconds(fn: Callable[..., Any], call: Any, seeds: list[Any] | None, device: Any) -> float:
+    """Seconds of one :func:`_step`, synchronised with the device: the fastest of
     :data:`REPEATS` calls after a warm-up (the least disturbed by other work on the host)."""
     import torch
 
@@ -139,19 +162,25 @@ def _seconds(fn: Callable[..., Any], call: Any, seeds: list[Any], device: Any) -
 
 
 def check(case: Any, dtype_name: str, device: Any) -> dict[str, Any]:
-    """One case in one dtype: errors forward and backward, pass/fail, time ratio."""
+    """One case in one dtype: errors forward and (where the case trains) backward, pass/fail,
+    time ratio."""
     import torch
 
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
     call = case.make(dtype, device)
-    want = _forward(case.upstream, call)
-    seeds = [torch.randn_like(t) for t in want]
-    want_grads = _grads(want, call, seeds)
-    got = _forward(case.patched, call)
-    got_grads = _grads(got, call, seeds)
+    seeds: list[Any] | None = None
+    bwd_abs: float | None = None
+    bwd_rel: float | None = None
+    if case.trains:
+        want = _forward(case.upstream, call)
+        seeds = [torch.randn_like(t) for t in want]
+        want_grads = _grads(want, call, seeds)
+        got = _forward(case.patched, call)
+        bwd_abs, bwd_rel = errors(_grads(got, call, seeds), want_grads)
+    else:
+        want, got = _inference(case.upstream, call), _inference(case.patched, call)
     fwd_abs, fwd_rel = errors(got, want)
-    bwd_abs, bwd_rel = errors(got_grads, want_grads)
     tol = TOLERANCE[dtype_name]
     patched_s, upstream_s = _seconds(case.patched, call, seeds, device), _seconds(case.upstream, call, seeds, device)
     return {
@@ -160,7 +189,7 @@ def check(case: Any, dtype_name: str, device: Any) -> dict[str, Any]:
         "bwd_max_abs": bwd_abs,
         "bwd_max_rel": bwd_rel,
         "tolerance": tol,
-        "passed": fwd_rel <= tol and bwd_rel <= tol,
+        "passed": fwd_rel <= tol and (bwd_rel is None or bwd_rel <= tol),
         "patched_us": patched_s * 1e6,
         "upstream_us": upstream_s * 1e6,
         "time_ratio": patched_s / upstream_s if upstream_s > 0 else None,
@@ -179,44 +208,59 @@ def absent() -> dict[str, Any]:
         "tolerance": dict(TOLERANCE),
         "results": [],
         "not_checked": [],
+        "not_run": [],
         "error": None,
         "ok": True,
     }
 
 
 def run(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Verify every applied kernel patch among ``records`` (the doctor child's record dicts)."""
-    from verl_npu_autopatch.patches._transformers_table import KERNELS
-
-    applied = [r for r in records if r["state"] == "applied"]
-    kernels = [r for r in applied if r["name"].startswith("transformers.") and r["name"].rsplit(".", 1)[-1] in KERNELS]
+    """Verify every applied patch with a check among ``records`` (the doctor child's record dicts);
+    list the applied ones without a check, and the ones with a check that are not applied."""
+    checked = [r for r in records if has_check(r["name"])]
+    to_run = [r for r in checked if r["state"] == "applied"]
     report = absent()
-    report["not_checked"] = [{"name": r["name"], "reason": not_numeric(r["name"])} for r in applied if r not in kernels]
-    if kernels:
+    report["not_checked"] = [
+        {"name": r["name"], "reason": not_numeric(r["name"])}
+        for r in records
+        if r["state"] == "applied" and r not in to_run
+    ]
+    report["not_run"] = [{k: r[k] for k in ("name", "state", "reason")} for r in checked if r not in to_run]
+    if to_run:
         try:
             device, report["torch_npu"] = pick_device()
             report["device"] = str(device)
         except Exception as exc:
-            report["error"] = f"cannot choose the device ({len(kernels)} applied kernels not verified): {_failure(exc)}"
-            kernels = []
-    for record in kernels:
+            report["error"] = f"cannot choose the device ({len(to_run)} applied kernels not verified): {_failure(exc)}"
+            to_run = []
+    for record in to_run:
         report["results"] += _verify_record(record, device)
     report["ok"] = report["error"] is None and all(r["passed"] for r in report["results"])
     return report
 
 
-def _verify_record(record: dict[str, Any], device: Any) -> list[dict[str, Any]]:
-    """One row per dtype for an applied kernel patch; a failure to run is a failed row."""
-    from verl_npu_autopatch._verify_cases import Unverifiable, case
+def _case(name: str, target: str) -> Any:
+    """The tiny-input case of the applied patch ``name`` on ``target``."""
+    if name in INFERENCE:
+        from verl_npu_autopatch._verify_ascend import case
+    else:
+        from verl_npu_autopatch._verify_cases import case
+    return case(name, target)
 
-    base = {"name": record["name"], "target": record["target"], "inputs": None, **dict.fromkeys(MEASURED)}
+
+def _verify_record(record: dict[str, Any], device: Any) -> list[dict[str, Any]]:
+    """One row per dtype for an applied patch with a check; a failure to run is a failed row."""
+    from verl_npu_autopatch._verify_cases import Unverifiable
+
+    base = {"name": record["name"], "target": record["target"], "inputs": None, "backward": None}
+    base.update(dict.fromkeys(MEASURED))
     try:
-        found = case(record["name"], record["target"])
+        found = _case(record["name"], record["target"])
     except Unverifiable as exc:
         return [{**base, "dtype": None, "passed": False, "error": f"cannot verify: {exc}"}]
     except Exception as exc:
         return [{**base, "dtype": None, "passed": False, "error": f"building the tiny input raised {_failure(exc)}"}]
-    base["inputs"] = found.inputs
+    base["inputs"], base["backward"] = found.inputs, found.trains
     rows = []
     for dtype_name in TOLERANCE:
         try:
@@ -235,6 +279,13 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
 
 
+def _backward_cells(row: dict[str, Any]) -> list[str]:
+    """The bwd abs / rel cells: ``inference -`` for a forward-only check."""
+    if row.get("backward") is False:
+        return ["inference", "-"]
+    return [_num(row.get("bwd_max_abs")), _num(row.get("bwd_max_rel"))]
+
+
 def render(report: dict[str, Any], width: int = 120) -> list[str]:
     """The ``--verify`` section of ``doctor``: a table of the checks, then what failed and why,
     and the patches without a tiny-input check; no line is wider than ``width``."""
@@ -243,7 +294,10 @@ def render(report: dict[str, Any], width: int = 120) -> list[str]:
     where = f"device {report['device']}, torch_npu from {report['torch_npu']}" if report["device"] else "no device"
     lines = wrap(f"verify: patched kernel against upstream on tiny inputs ({where})", width)
     tolerances = ", ".join(f"{_SHORT_DTYPE.get(k, k)} {v:g}" for k, v in report["tolerance"].items())
-    lines += wrap(f"pass: max abs error / max |upstream| <= {tolerances}, forward and backward", width)
+    lines += wrap(
+        f"pass: max abs error / max |upstream| <= {tolerances}, forward and backward (inference code: forward only)",
+        width,
+    )
     if report["error"]:
         lines += wrap(f"VERIFY FAILED: {report['error']}", width)
     rows = [
@@ -253,8 +307,7 @@ def render(report: dict[str, Any], width: int = 120) -> list[str]:
             "ok" if r["passed"] else ("ERROR" if r["error"] else "FAIL"),
             _num(r.get("fwd_max_abs")),
             _num(r.get("fwd_max_rel")),
-            _num(r.get("bwd_max_abs")),
-            _num(r.get("bwd_max_rel")),
+            *_backward_cells(r),
             "-" if r.get("time_ratio") is None else f"{r['time_ratio']:.2f}x",
         ]
         for r in report["results"]
@@ -266,8 +319,26 @@ def render(report: dict[str, Any], width: int = 120) -> list[str]:
     for r in failed:
         why = r["error"] or f"error above the {_SHORT_DTYPE.get(r['dtype'], r['dtype'])} tolerance {r['tolerance']:g}"
         lines += wrap(f"MISMATCH {r['name']} ({r['dtype'] or 'setup'}): {why}", width, indent="  ")
+    checked = [r["name"] for r in report["results"]] + [e["name"] for e in report["not_run"]]
+    lines += _not_run(report["not_run"], checked, width)
     if report["not_checked"]:
         lines.append("no tiny-input check (applied, not arithmetic that a tiny input can compare):")
         for item in report["not_checked"]:
             lines += wrap(f"  {item['name']}: {item['reason']}", width, indent="    ")
+    return lines
+
+
+def _not_run(entries: list[dict[str, Any]], checked: list[str], width: int) -> list[str]:
+    """The patches with a check that are not applied here, one line per state and reason, their
+    names compact (``transformers.* (34)``: every checked patch under that prefix)."""
+    from verl_npu_autopatch._summary import compact
+    from verl_npu_autopatch.records import wrap
+
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for entry in entries:
+        grouped.setdefault((entry["state"], entry["reason"]), []).append(entry["name"])
+    lines = ["checks not run (the patch is not applied here):"] if grouped else []
+    for (state, reason), names in grouped.items():
+        text = f"  {', '.join(compact(names, checked))}: {state}" + (f" ({reason})" if reason else "")
+        lines += wrap(text, width, indent="    ")
     return lines

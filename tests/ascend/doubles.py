@@ -127,6 +127,22 @@ def register_maybe_chunk_residual() -> None:
     _LIBRARY = library
 
 
+# ----------------------------------------------------------------------------- layernorm.py's imports
+def _no_weight_prefetch() -> Any:
+    """TEST DOUBLE of vllm-ascend's ``get_weight_prefetch_method()``: a method that prefetches nothing."""
+    return types.SimpleNamespace(maybe_prefetch_mlp_weight_postprocess=lambda x: None)
+
+
+#: What the release's ``vllm_ascend/ops/layernorm.py`` imports from vllm-ascend: module -> TEST
+#: DOUBLES of the names. ``enable_custom_op`` is False: no compiled vllm_ascend_C here, so the
+#: release takes its torch_npu path.
+LAYERNORM_IMPORTS: dict[str, dict[str, Any]] = {
+    "vllm_ascend.device.device_op": {"DeviceOperator": object},
+    "vllm_ascend.ops.triton.layernorm_gated": {"layer_norm_fwd_npu": None},
+    "vllm_ascend.utils": {"enable_custom_op": lambda: False, "get_weight_prefetch_method": _no_weight_prefetch},
+}
+
+
 # ----------------------------------------------------------------------------- installation
 def stub_module(name: str, doc: str = "TEST DOUBLE", **attributes: Any) -> types.ModuleType:
     """A module named ``name`` holding ``attributes`` (a stand-in for a vllm-ascend module)."""

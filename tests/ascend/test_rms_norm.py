@@ -7,46 +7,16 @@ modules, torch_npu and ``maybe_chunk_residual`` are CPU test doubles (tests/asce
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import ModuleType
 
 import doubles
-import pytest
 import torch
 import upstream
 
 from verl_npu_autopatch.patches import ascend_glm52
 
-NAME = "vllm_ascend.ops.layernorm"
 PATCH = [p for p in ascend_glm52.PATCHES if p.name == "ascend.rms_norm_residual"]
 HIDDEN, EPS = 64, 1e-6
-
-
-def load_layernorm(root) -> Iterator[ModuleType]:
-    stubs = {
-        "vllm_ascend.device.device_op": doubles.stub_module("vllm_ascend.device.device_op", DeviceOperator=object),
-        "vllm_ascend.ops.triton.layernorm_gated": doubles.stub_module(
-            "vllm_ascend.ops.triton.layernorm_gated", layer_norm_fwd_npu=None
-        ),
-        "vllm_ascend.utils": doubles.stub_module(
-            "vllm_ascend.utils",
-            # TEST DOUBLES: no compiled vllm_ascend_C here, so the release takes its torch_npu path.
-            enable_custom_op=lambda: False,
-            get_weight_prefetch_method=lambda: type(
-                "NoPrefetch", (), {"maybe_prefetch_mlp_weight_postprocess": (lambda self, x: None)}
-            )(),
-        ),
-    }
-    with doubles.modules(stubs):
-        module = upstream.load_file(root / "vllm_ascend/ops/layernorm.py", NAME)
-        with doubles.modules({NAME: module}):
-            yield module
-
-
-@pytest.fixture(params=["0.23.0", "0.23.0.post1"])
-def layernorm(request, releases, npu) -> Iterator[ModuleType]:
-    doubles.register_maybe_chunk_residual()
-    yield from load_layernorm(releases[request.param][0])
 
 
 def make_layer(module: ModuleType, dtype: torch.dtype) -> torch.nn.Module:
