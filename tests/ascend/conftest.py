@@ -56,20 +56,9 @@ def npu() -> Iterator[None]:
         yield
 
 
-def load_layernorm(root: Path) -> Iterator[ModuleType]:
-    """The release's ``vllm_ascend/ops/layernorm.py`` run unchanged as ``vllm_ascend.ops.layernorm``
-    (in ``sys.modules`` while the generator is suspended), its vllm-ascend imports stubbed."""
-    name = "vllm_ascend.ops.layernorm"
-    stubs = {module: doubles.stub_module(module, **names) for module, names in doubles.LAYERNORM_IMPORTS.items()}
-    with doubles.modules(stubs):
-        module = upstream.load_file(root / "vllm_ascend/ops/layernorm.py", name)
-        with doubles.modules({name: module}):
-            yield module
-
-
 @pytest.fixture(params=["0.23.0", "0.23.0.post1"])
 def layernorm(request: pytest.FixtureRequest, releases: dict, npu: None) -> Iterator[ModuleType]:
     """The release's layernorm.py (0.23.0 and 0.23.0.post1), with the torch_npu doubles and the
     ``maybe_chunk_residual`` double registered."""
     doubles.register_maybe_chunk_residual()
-    yield from load_layernorm(releases[request.param][0])
+    yield from upstream.load_layernorm(releases[request.param][0])

@@ -27,7 +27,7 @@ import torch
 import upstream
 from test_camem import load_camem, sleep_events
 from test_engine_wake_up import make_engine_core
-from test_rms_norm import EPS, HIDDEN, load_layernorm, make_layer, reference_rms_norm
+from test_rms_norm import EPS, HIDDEN, make_layer, reference_rms_norm
 from test_sfa import HEAD_DIM, N_HEAD, build_sfa, make_impl, run_indexer
 
 from verl_npu_autopatch.patches import ascend_camem, ascend_glm52, vllm_engine
@@ -86,7 +86,7 @@ def glm(releases: Any, npu: None) -> Iterator[types.SimpleNamespace]:
     doubles.register_maybe_chunk_residual()
     root = releases["0.23.0"][0]
     sfa = build_sfa(root)
-    with contextlib.contextmanager(load_layernorm)(root) as layernorm:
+    with contextlib.contextmanager(upstream.load_layernorm)(root) as layernorm:
         modules = {"vllm_ascend.attention.sfa_v1": sfa, "vllm_ascend.ops.layernorm": layernorm}
         with doubles.modules(packaged(modules)):
             yield types.SimpleNamespace(sfa=sfa, layernorm=layernorm)
