@@ -3,19 +3,29 @@ vllm-ascend's ``maybe_chunk_residual`` op and a few vllm-ascend helpers).
 
 Every function here is a TEST DOUBLE written from the documented definition of the op it stands
 for, computed with plain CPU torch, and records its calls in :data:`EVENTS` so tests can check
-what the code under test called and in which order. None of it is used outside tests.
+what the code under test called and in which order. The torch_npu ops are bound to their schemas
+in a real torch_npu release (``tests/hf/npu_contract.py``, the transformers double's contract:
+``TypeError`` on an unknown keyword, a wrong arity or a wrong type, as torch_npu raises; the
+result checked against the declared return type); :data:`CONTRACT` names the release. None of
+it is used outside tests.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "hf"))
+
+import npu_contract
 
 #: ``(name, details)`` of every double called, in call order. Cleared by :func:`installed`.
 EVENTS: list[tuple[str, Any]] = []
@@ -30,17 +40,39 @@ def names() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- torch_npu
-def npu_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+#: The torch_npu ops doubled here (their schemas are read from the release :data:`CONTRACT` names).
+OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_format_cast", "npu_lightning_indexer", "npu_rotary_mul")
+
+#: ``release``: the torch_npu release whose schemas the calls are bound to (the newest by default).
+CONTRACT = {"release": npu_contract.NEWEST}
+
+
+def bound(double: Callable[..., Any]) -> Callable[..., Any]:
+    """``double`` behind the schema of its op: every call is bound (defaults filled in, passed by
+    name) and the result checked against the declared return type."""
+
+    @functools.wraps(double)
+    def op(*args: Any, **kwargs: Any) -> Any:
+        schema = npu_contract.schemas(CONTRACT["release"], OPS)[double.__name__]
+        return schema.check_result(double(**schema.bind(args, kwargs)))
+
+    return op
+
+
+@bound
+def npu_rms_norm(self: torch.Tensor, gamma: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
     """TEST DOUBLE of ``torch_npu.npu_rms_norm``: ``(x * rsqrt(mean(x², -1) + eps) * gamma, rstd)``,
     computed in float32 and returned in ``x``'s dtype (rstd stays float32)."""
+    x = self
     EVENTS.append(("torch_npu.npu_rms_norm", x))
     x32 = x.float()
     rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + epsilon)
     return (x32 * rstd * gamma.float()).to(x.dtype), rstd
 
 
+@bound
 def npu_add_rms_norm(
-    x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
+    x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """TEST DOUBLE of ``torch_npu.npu_add_rms_norm``: the fused kernel adds ``x1 + x2`` in float32,
     normalizes that float32 sum, and returns ``(y, rstd, x1 + x2)`` in the input dtype."""
@@ -50,25 +82,35 @@ def npu_add_rms_norm(
     return (total * rstd * gamma.float()).to(x1.dtype), rstd, total.to(x1.dtype)
 
 
-def npu_format_cast(tensor: torch.Tensor, acl_format: int) -> torch.Tensor:
-    """TEST DOUBLE of ``torch_npu.npu_format_cast``: on CPU every format is ND, so the tensor itself."""
+@bound
+def npu_format_cast(self: torch.Tensor, acl_format: int, **options: Any) -> torch.Tensor:
+    """TEST DOUBLE of ``torch_npu.npu_format_cast``: on CPU every format is ND, so the tensor itself
+    (``options``: the release's optional dtype arguments, unused)."""
     EVENTS.append(("torch_npu.npu_format_cast", acl_format))
-    return tensor
+    return self
 
 
-def npu_lightning_indexer(*, query: torch.Tensor, key: Any, weights: torch.Tensor, **kwargs: Any) -> tuple[Any, None]:
+@bound
+def npu_lightning_indexer(
+    query: torch.Tensor, key: torch.Tensor, weights: torch.Tensor, **options: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """TEST DOUBLE of ``torch_npu.npu_lightning_indexer``: records the ``weights`` it was given
-    (what the scale patch changes) and returns a placeholder top-k tensor."""
-    EVENTS.append(("torch_npu.npu_lightning_indexer", {"query": query, "weights": weights, **kwargs}))
-    return torch.zeros(query.shape[0], 1, dtype=torch.int32), None
+    (what the scale patch changes) and returns a placeholder top-k tensor and no values (empty)."""
+    EVENTS.append(("torch_npu.npu_lightning_indexer", {"query": query, "weights": weights, **options}))
+    return torch.zeros(query.shape[0], 1, dtype=torch.int32), torch.empty(0, dtype=query.dtype)
 
 
-def npu_rotary_mul(x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
-    """TEST DOUBLE of ``torch_npu.npu_rotary_mul`` (half-rotation RoPE):
-    ``x * r1 + cat(-x[..., d/2:], x[..., :d/2]) * r2``."""
-    EVENTS.append(("torch_npu.npu_rotary_mul", x.shape))
-    first, second = x.chunk(2, dim=-1)
-    return x * r1 + torch.cat([-second, first], dim=-1) * r2
+@bound
+def npu_rotary_mul(
+    self: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_mode: str, **options: Any
+) -> torch.Tensor:
+    """TEST DOUBLE of ``torch_npu.npu_rotary_mul`` (half-rotation RoPE, the only ``rotary_mode``
+    doubled): ``x * r1 + cat(-x[..., d/2:], x[..., :d/2]) * r2``."""
+    if rotary_mode != "half":
+        raise NotImplementedError(f"the double computes rotary_mode='half' only, not {rotary_mode!r}")
+    EVENTS.append(("torch_npu.npu_rotary_mul", self.shape))
+    first, second = self.chunk(2, dim=-1)
+    return self * r1 + torch.cat([-second, first], dim=-1) * r2
 
 
 def _torch_npu_module() -> types.ModuleType:

@@ -96,12 +96,12 @@ class Schema:
 
 
 def default_value(text: str) -> Any:
-    """A schema default as a Python value (``None``, ``-1``, ``1e-06``, ``'half'``, ``False``)."""
+    """A schema default as a Python value (``None``, ``-1``, ``1e-06``, ``'half'`` or ``"BSND"``, ``False``)."""
     constants = {"None": None, "True": True, "False": False}
     if text in constants:
         return constants[text]
-    if text.startswith("'"):
-        return text.strip("'")
+    if text[:1] in ("'", '"'):
+        return text[1:-1]
     return float(text) if any(c in text for c in ".e") else int(text)
 
 
@@ -162,16 +162,17 @@ def _compat_matrix() -> Any:
 
 
 @functools.cache
-def schemas(release: str) -> dict[str, Schema]:
-    """The schemas of :data:`OPS` in torch_npu ``release`` (the plain overload of each op)."""
+def schemas(release: str, ops: tuple[str, ...] = OPS) -> dict[str, Schema]:
+    """The schemas of ``ops`` (default :data:`OPS`) in torch_npu ``release`` (the plain overload of
+    each op)."""
     script = _compat_matrix()
     root = script.extract(script.Artifact("torch-npu", release, WHEELS[release]), (CODEGEN,))
     found: dict[str, Schema] = {}
     for line in (root / CODEGEN).read_text().splitlines():
         match = _FUNC.match(line)  # overloads (``op.List``) do not match: the plain op is the one called
-        if match and match.group(1) in OPS:
+        if match and match.group(1) in ops:
             found[match.group(1)] = parse(line)
-    missing = set(OPS) - set(found)
+    missing = set(ops) - set(found)
     if missing:
         raise LookupError(f"torch_npu {release} has no schema for {sorted(missing)}")
     return found
