@@ -13,7 +13,7 @@ import pytest
 import torch
 import upstream
 from test_rms_norm import HIDDEN, PATCH, make_layer
-from test_sfa import INDEXER, NAME, build_indexer, build_sfa, run_backend, run_indexer
+from test_sfa import INDEXER, NAME, build_indexer, build_sfa, make_impl, run_backend, run_indexer
 
 RELEASES = (npu_contract.OLDEST, npu_contract.NEWEST)
 
@@ -80,3 +80,11 @@ def test_sfa_indexer_paths_keep_the_contract(contract: str, releases: dict, npu:
             raw, received = run(module)  # exactly one bound npu_lightning_indexer call
         assert torch.equal(received, raw)
         assert "torch_npu.npu_rotary_mul" in doubles.names()
+
+
+def test_sfa_weight_loading_keeps_the_contract(contract: str, releases: dict, npu: None) -> None:
+    """0.23.0's ``AscendSFAImpl.process_weights_after_loading``: its ``npu_format_cast`` calls."""
+    sfa = build_sfa(releases["0.23.0"][0])
+    with doubles.modules({NAME: sfa}):
+        make_impl(sfa).process_weights_after_loading(torch.bfloat16)
+    assert "torch_npu.npu_format_cast" in doubles.names()
