@@ -10,6 +10,7 @@ the new residual), without autograd. Imported by :mod:`verl_npu_autopatch.verify
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -22,9 +23,8 @@ TOKENS = B * S
 
 def _rms_norm_residual(cls: type) -> Callable[[torch.dtype, torch.device], Call]:
     def make(dtype: torch.dtype, device: torch.device) -> Call:
-        from vllm.config import VllmConfig, set_current_vllm_config
-
-        with set_current_vllm_config(VllmConfig()):
+        config = importlib.import_module("vllm.config")  # vLLM, like every upstream: never an import statement
+        with config.set_current_vllm_config(config.VllmConfig()):
             layer = cls(H)
         layer = placed(layer, dtype, device, norm=True)
         x, residual = (torch.randn(TOKENS, H).to(device=device, dtype=dtype) for _ in range(2))
