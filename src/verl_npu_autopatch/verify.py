@@ -288,7 +288,8 @@ def _backward_cells(row: dict[str, Any]) -> list[str]:
 
 def render(report: dict[str, Any], width: int = 120) -> list[str]:
     """The ``--verify`` section of ``doctor``: a table of the checks, then what failed and why,
-    and the patches without a tiny-input check; no line is wider than ``width``."""
+    the checks not run (their patch is not applied) and the applied patches without a tiny-input
+    check; no line is wider than ``width``."""
     from verl_npu_autopatch.records import table, wrap
 
     where = f"device {report['device']}, torch_npu from {report['torch_npu']}" if report["device"] else "no device"
