@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tests.support import tiers
 
-import doubles
-import upstream
+tiers.require(__file__)  # before importing what this environment may lack
 
-from verl_npu_autopatch import engine as process_engine
+from tests.ascend import doubles  # noqa: E402
+from tests.support import upstream  # noqa: E402
+from verl_npu_autopatch import engine as process_engine  # noqa: E402
 
 # The process-wide engine (installed by the .pth) must decide "inactive" now, before any test
 # double named torch_npu appears in sys.modules; tests use their own Engine instances.

@@ -18,14 +18,11 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parents[1] / "hf"))
-
-import npu_contract
+from tests.hf import npu_contract
 
 #: ``(name, details)`` of every double called, in call order. Cleared by :func:`installed`.
 EVENTS: list[tuple[str, Any]] = []

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from types import ModuleType
 
-import doubles
 import pytest
-import upstream
 
+from tests.ascend import doubles
+from tests.support import upstream
 from verl_npu_autopatch.patches import ascend_camem
 
 NAME = "vllm_ascend.device_allocator.camem"

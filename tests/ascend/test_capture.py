@@ -14,10 +14,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import doubles
 import pytest
-import upstream
 
+from tests.ascend import doubles
+from tests.support import upstream
 from verl_npu_autopatch import _environment
 from verl_npu_autopatch.patches import ascend_capture
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import types
 
-import doubles
-import npu_contract
 import pytest
 import torch
-import upstream
-from test_rms_norm import HIDDEN, PATCH, make_layer
-from test_sfa import INDEXER, NAME, build_indexer, build_sfa, make_impl, run_backend, run_indexer
+
+from tests.ascend import doubles
+from tests.ascend.test_rms_norm import HIDDEN, PATCH, make_layer
+from tests.ascend.test_sfa import INDEXER, NAME, build_indexer, build_sfa, make_impl, run_backend, run_indexer
+from tests.hf import npu_contract
+from tests.support import upstream
 
 RELEASES = (npu_contract.OLDEST, npu_contract.NEWEST)
 

@@ -16,10 +16,10 @@ import re
 import types
 from collections.abc import Iterator
 
-import doubles
 import pytest
-import upstream
 
+from tests.ascend import doubles
+from tests.support import upstream
 from verl_npu_autopatch.engine import PatchError
 from verl_npu_autopatch.patches import vllm_engine
 from verl_npu_autopatch.patches._fingerprints import Code

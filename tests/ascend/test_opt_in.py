@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import upstream
 
+from tests.support import upstream
 from verl_npu_autopatch import catalog
 from verl_npu_autopatch.patches import ascend_camem, ascend_capture, ascend_glm52, vllm_engine
 

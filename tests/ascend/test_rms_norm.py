@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-import doubles
 import torch
-import upstream
 
+from tests.ascend import doubles
+from tests.support import upstream
 from verl_npu_autopatch.patches import ascend_glm52
 
 PATCH = [p for p in ascend_glm52.PATCHES if p.name == "ascend.rms_norm_residual"]

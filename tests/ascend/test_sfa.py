@@ -15,11 +15,11 @@ import threading
 import types
 from collections.abc import Iterator
 
-import doubles
 import pytest
 import torch
-import upstream
 
+from tests.ascend import doubles
+from tests.support import upstream
 from verl_npu_autopatch.engine import PatchError
 from verl_npu_autopatch.patches import ascend_glm52
 

@@ -14,16 +14,16 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import doubles
 import pytest
 import torch
-import upstream
 
+from tests.ascend import doubles
+from tests.support import upstream
+from tests.support.children import ROOT
 from verl_npu_autopatch import catalog, verify
 
 NAME = "ascend.rms_norm_residual"
 PATCH = [p for p in catalog.builtin() if p.name == NAME]
-HERE = Path(__file__).resolve().parent
 SCRIPT = Path(sys.executable).parent / "verl-npu-autopatch"
 DTYPES = ("float32", "bfloat16")
 
@@ -123,18 +123,20 @@ def test_not_run_without_vllm_ascend() -> None:
 
 # --------------------------------------------------------------------------- the console script
 #: ``torch_npu`` made of the test doubles (the shim directory's ``torch_npu.py``).
-EMULATION = "from doubles import npu_add_rms_norm, npu_format_cast, npu_rms_norm, npu_rotary_mul  # noqa: F401\n"
+EMULATION = (
+    "from tests.ascend.doubles import npu_add_rms_norm, npu_format_cast, npu_rms_norm, npu_rotary_mul  # noqa: F401\n"
+)
 #: npu_rms_norm off by a scale of 1.1.
 WRONG_RMS_NORM = EMULATION + (
     "\n\ndef npu_rms_norm(x, gamma, epsilon=1e-6):\n"
-    "    import doubles\n\n"
+    "    from tests.ascend import doubles\n\n"
     "    y, rstd = doubles.npu_rms_norm(x, gamma, epsilon)\n"
     "    return y * 1.1, rstd\n"
 )
 #: vllm_ascend.ops, as the release's registers its custom ops when imported: the double of maybe_chunk_residual.
-OPS_PACKAGE = "import doubles\n\ndoubles.register_maybe_chunk_residual()\n"
+OPS_PACKAGE = "from tests.ascend import doubles\n\ndoubles.register_maybe_chunk_residual()\n"
 #: A stub module of the shim: its names are the doubles of ``doubles.LAYERNORM_IMPORTS``.
-STUB = "import doubles\n\nglobals().update(doubles.LAYERNORM_IMPORTS[__name__])\n"
+STUB = "from tests.ascend import doubles\n\nglobals().update(doubles.LAYERNORM_IMPORTS[__name__])\n"
 
 
 def shim(tmp_path: Path, release: Path, torch_npu: str) -> Path:
@@ -162,7 +164,7 @@ def doctor(tmp_path: Path, releases: dict, torch_npu: str, *args: str) -> subpro
     """``doctor --verify --device npu --json``-style run with the glm52 group on (the
     transformers kernels off: their checks run in tests/hf)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_NPU_AUTOPATCH")}
-    env["PYTHONPATH"] = os.pathsep.join([str(shim(tmp_path, releases["0.23.0"][0], torch_npu)), str(HERE)])
+    env["PYTHONPATH"] = os.pathsep.join([str(shim(tmp_path, releases["0.23.0"][0], torch_npu)), str(ROOT)])
     env["VERL_NPU_AUTOPATCH_ENABLE"] = "glm52"
     env["VERL_NPU_AUTOPATCH_DISABLE"] = "transformers"
     command = [str(SCRIPT), "doctor", "--verify", "--device", "npu", *args]

@@ -14,28 +14,23 @@ first" is a late activation (``python -S`` + ``activate()``, or the vLLM plugin)
 from __future__ import annotations
 
 import contextlib
-import importlib
-import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import doubles
 import pytest
 import torch
-import upstream
-from test_camem import load_camem, sleep_events
-from test_engine_wake_up import make_engine_core
-from test_rms_norm import EPS, HIDDEN, make_layer, reference_rms_norm
-from test_sfa import HEAD_DIM, N_HEAD, build_sfa, make_impl, run_indexer
 
+from tests.ascend import doubles
+from tests.ascend.test_camem import load_camem, sleep_events
+from tests.ascend.test_engine_wake_up import make_engine_core
+from tests.ascend.test_rms_norm import EPS, HIDDEN, make_layer, reference_rms_norm
+from tests.ascend.test_sfa import HEAD_DIM, N_HEAD, build_sfa, make_impl, run_indexer
+from tests.support import upstream, verl_upstream
 from verl_npu_autopatch.patches import ascend_camem, ascend_glm52, vllm_engine
 from verl_npu_autopatch.patches._verl import GLM52_MARKER, verl_owned
 from verl_npu_autopatch.patching import MARKER
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-verl_upstream = importlib.import_module("support.verl_upstream")  # tests/support/verl_upstream.py
 
 GLM = {"VERL_VLLM_ASCEND_GLM52_PATCH": "1"}  # verl's switch, which our configuration honours too
 ORDERS = ["ours-first", "verl-first"]

@@ -8,7 +8,8 @@ import os
 import zipfile
 
 import pytest
-import upstream
+
+from tests.support import upstream
 
 SYNTHETIC = '''"""A synthetic verl module: an NPU runtime patch of Megatron's P2P shape exchange."""
 from megatron.core.pipeline_parallel import p2p_communication

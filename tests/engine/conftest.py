@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from support import venvs
+from tests.support import venvs
 
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 

@@ -7,7 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from support.children import ROOT, clean_env, run, run_json
+from tests.support.children import ROOT, clean_env, run, run_json
 
 REAL_PLUGIN = ROOT / "tests" / "fixtures" / "real_plugin"
 

@@ -9,8 +9,8 @@ import types
 from pathlib import Path
 
 import pytest
-from support.children import run
 
+from tests.support.children import run
 from verl_npu_autopatch import catalog, cli
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine

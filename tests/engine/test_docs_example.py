@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from support.children import ROOT, run_json
+from tests.support.children import ROOT, run_json
 
 
 def example_code() -> str:

@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from support.children import NPU_STACK, run, run_json
+
+from tests.support.children import NPU_STACK, run, run_json
 
 NPU = {"VERL_NPU_AUTOPATCH_DEVICE": "npu"}
 OBSERVE = "import json, autopatch_probe; print(json.dumps(autopatch_probe.observe()))"

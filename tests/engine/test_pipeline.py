@@ -10,8 +10,8 @@ import types
 from pathlib import Path
 
 import pytest
-from support.children import run_json
 
+from tests.support.children import run_json
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch._pipeline import Outcome, run
 from verl_npu_autopatch.patching import mark, set_attribute

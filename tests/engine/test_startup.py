@@ -8,7 +8,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support.children import run, run_json
+
+from tests.support.children import run, run_json
 
 #: The start-up hooks on ``sys.meta_path``: "placeholder" for the ``.pth`` line's placeholder, the
 #: observer's module name for the observer.

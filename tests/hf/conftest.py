@@ -12,14 +12,16 @@ from typing import Any
 
 import pytest
 
+from tests.support import tiers
+
+tiers.require(__file__)  # before importing what this environment may lack
+
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
 
-import npu_emulation  # noqa: E402
 import transformers  # noqa: E402,F401  (the process-wide engine activates now, before the test double exists)
-from tiny_configs import DIMS, LINEAR, MOE, MROPE, rope_arguments  # noqa: E402
 
+from tests.hf import npu_emulation  # noqa: E402
+from tests.hf.tiny_configs import DIMS, LINEAR, MOE, MROPE, rope_arguments  # noqa: E402
 from verl_npu_autopatch._config import Config  # noqa: E402
 from verl_npu_autopatch.engine import Engine  # noqa: E402
 from verl_npu_autopatch.patches import liger, transformers_npu  # noqa: E402

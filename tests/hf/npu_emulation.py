@@ -23,8 +23,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import npu_contract
 import torch
+
+from tests.hf import npu_contract
 
 calls: Counter[str] = Counter()
 trace: list[tuple[Any, ...]] = []

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PRESENT
 
+from tests.hf.conftest import PRESENT
+from tests.support.children import ROOT
 from verl_npu_autopatch.patches import transformers_npu
 from verl_npu_autopatch.verify import TOLERANCE, not_numeric
 
@@ -23,10 +24,10 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = Path(sys.executable).parent / "verl-npu-autopatch"
 
 #: ``torch_npu`` is the test double itself.
-EMULATION = "import sys\n\nimport npu_emulation\n\nsys.modules[__name__] = npu_emulation\n"
+EMULATION = "import sys\n\nfrom tests.hf import npu_emulation\n\nsys.modules[__name__] = npu_emulation\n"
 #: npu_rms_norm off by a scale of 1.1: every RMSNorm kernel is wrong, the rest right.
-WRONG_RMS_NORM = """from npu_emulation import *  # noqa: F403
-import npu_emulation
+WRONG_RMS_NORM = """from tests.hf.npu_emulation import *  # noqa: F403
+from tests.hf import npu_emulation
 
 
 def npu_rms_norm(x, gamma, epsilon=1e-6):
@@ -34,7 +35,7 @@ def npu_rms_norm(x, gamma, epsilon=1e-6):
     return y * 1.1, rstd
 """
 #: npu_swiglu raises: the SwiGLU MLPs and the MoE experts cannot run.
-BROKEN_SWIGLU = """from npu_emulation import *  # noqa: F403
+BROKEN_SWIGLU = """from tests.hf.npu_emulation import *  # noqa: F403
 
 
 def npu_swiglu(x, dim=-1):
@@ -55,7 +56,7 @@ def doctor(
     if shim is not None:
         (shim_dir / "torch_npu.py").write_text(shim)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_NPU_AUTOPATCH")}
-    env["PYTHONPATH"] = os.pathsep.join([str(shim_dir), str(HERE)])
+    env["PYTHONPATH"] = os.pathsep.join([str(shim_dir), str(ROOT)])
     if families is not None:
         off = [f"transformers.{f}" for f in transformers_npu.MODELS if f not in families]
         env["VERL_NPU_AUTOPATCH_DISABLE"] = ",".join(off)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PRESENT, builders, randomize
 
+from tests.hf.conftest import PRESENT, builders, randomize
 from verl_npu_autopatch.patches import _npu_kernels, transformers_npu
 
 #: Emulated op each kernel kind must call once patched.

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PRESENT, randomize
 
+from tests.hf.conftest import PRESENT, randomize
 from verl_npu_autopatch.patches import _transformers_owners, transformers_npu
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -4,16 +4,17 @@ interpreter (Liger rebinds transformers module attributes for good); Liger kerne
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
+
+from tests.support.children import ROOT
 
 PRELUDE = textwrap.dedent(
     """
     import json, sys
-    sys.path.insert(0, __TESTS_HF__)
-    from tiny_configs import MROPE, rope_arguments
+    from tests.hf.tiny_configs import MROPE, rope_arguments
     from verl_npu_autopatch._config import Config
     from verl_npu_autopatch.engine import Engine
     from verl_npu_autopatch.patches import liger, transformers_npu
@@ -75,12 +76,16 @@ PRELUDE = textwrap.dedent(
                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, **rope_arguments(cls, extra))
         return getattr(module, model_cls)(config)
     """
-).replace("__TESTS_HF__", repr(str(Path(__file__).resolve().parent)))
+)
 
 
 def child(code: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
+
+from tests.support.children import ROOT
 
 CODE = """
 import importlib, json, sys
-sys.path.insert(0, {here!r})
-import npu_emulation
+from tests.hf import npu_emulation
 sys.modules["torch_npu"] = npu_emulation
 import verl_npu_autopatch
 from verl_npu_autopatch.patching import marked_by
@@ -30,11 +30,8 @@ print(json.dumps({{"before": before, "records": records, "new_class": m.Qwen3RMS
 
 
 def test_reload_of_a_modeling_module_applies_the_fixes_again() -> None:
-    here = str(Path(__file__).resolve().parent)
-    env = {"VERL_NPU_AUTOPATCH_DEVICE": "npu", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run(
-        [sys.executable, "-c", CODE.format(here=here)], capture_output=True, text=True, env=env, timeout=300
-    )
+    env = {"VERL_NPU_AUTOPATCH_DEVICE": "npu", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", CODE.format()], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["before"] == "applied" and out["new_class"] is True

@@ -14,11 +14,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import npu_emulation
 import pytest
 import torch
-from conftest import PRESENT, VERL_OWNS, builders, randomize, restored
 
+from tests.hf import npu_emulation
+from tests.hf.conftest import PRESENT, VERL_OWNS, builders, randomize, restored
 from verl_npu_autopatch.patches import transformers_npu
 
 FUSED_GATE_UP = (

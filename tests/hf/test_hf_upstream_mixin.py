@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import transformers
-from conftest import PRESENT
+
+from tests.hf.conftest import PRESENT
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -82,7 +83,7 @@ def upstream_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     shutil.copy(UPSTREAM / "moe_testers.py", package / "test_moe_testers.py")
     shutil.copy(UPSTREAM / "conftest_child.py", root / "conftest.py")
     summary = root / "summary.json"
-    env = {**os.environ, "AUTOPATCH_HF_TESTS": str(HERE), "AUTOPATCH_SUMMARY": str(summary)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOPATCH_SUMMARY": str(summary)}
     env.pop("VERL_NPU_AUTOPATCH_DEVICE", None)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "--rootdir", str(root),

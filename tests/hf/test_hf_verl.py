@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PRESENT, VERL_OWNS, builders, randomize, restored
 
+from tests.hf.conftest import PRESENT, VERL_OWNS, builders, randomize, restored
+from tests.support.children import ROOT
 from verl_npu_autopatch.patches import transformers_npu
 from verl_npu_autopatch.patching import describe, marked_by
 
@@ -163,7 +164,7 @@ def test_tiny_qwen3_moe_same_logits_and_gradients_whoever_owns(make_engine: Any,
 CHILD = """
 import json, sys, types, importlib
 sys.path[:0] = {paths!r}
-import npu_emulation
+from tests.hf import npu_emulation
 sys.modules["torch_npu"] = npu_emulation
 for name, sub in (("verl", ""), ("verl.models", "/models"), ("verl.models.transformers", "/models/transformers")):
     package = types.ModuleType(name)
@@ -193,18 +194,17 @@ def test_process_wide_engine_in_both_orders(order: str, verl: Any) -> None:
     import sysconfig
     from pathlib import Path
 
-    here = Path(__file__).resolve().parent
     steps = {
         "ours-first": "npu_patch.apply_npu_patches()",
         "verl-first": "npu_patch.apply_npu_patches()\nverl_npu_autopatch.activate()",
     }
     code = CHILD.format(
-        paths=[str(here), sysconfig.get_paths()["purelib"]],
+        paths=[sysconfig.get_paths()["purelib"]],
         verl_root=str(Path(verl.__file__).parents[2]),
         order=steps[order],
     )
     args = ["-S"] if order == "verl-first" else []
-    env = {"VERL_NPU_AUTOPATCH_DEVICE": "npu", "PATH": "/usr/bin:/bin"}
+    env = {"VERL_NPU_AUTOPATCH_DEVICE": "npu", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, *args, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import npu_contract
-import npu_emulation
 import pytest
 import torch
 
+from tests.hf import npu_contract, npu_emulation
 from verl_npu_autopatch.patches import _npu_kernels
 
 RELEASES = list(npu_contract.WHEELS)

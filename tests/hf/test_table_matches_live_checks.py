@@ -14,10 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-
-from matrix import live_sites, matrix_script
-
+from tests.support.matrix import live_sites, matrix_script
 from verl_npu_autopatch.patches import transformers_deepstack, transformers_npu
 from verl_npu_autopatch.patches._fingerprints import ModuleSource
 

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support import tiers, venvs
+from tests.support.children import clean_env
 
-from support import venvs
-from support.children import clean_env
+tiers.require(__file__)  # the runner environment: Ray
 
 #: Extra packages of the bare node's venv: the runner env's Ray (see ``venvs.SPECS["runner"]``).
 BARE_NODE_PACKAGES = ("ray==2.60.0", "virtualenv")

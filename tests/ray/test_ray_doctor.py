@@ -10,10 +10,10 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from support.children import FIXTURE_SITE, clean_env
+from tests.support.children import FIXTURE_SITE, clean_env
 
 if TYPE_CHECKING:
-    from conftest import Cluster
+    from tests.ray.conftest import Cluster
 
 
 def doctor(python: Path, cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:

@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
-import ray_probe
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from support.children import FIXTURE_SITE
+
+from tests.ray import ray_probe
+from tests.support.children import FIXTURE_SITE, ROOT
 
 if TYPE_CHECKING:
-    from conftest import Cluster
+    from tests.ray.conftest import Cluster
 
-#: What the workers need on PYTHONPATH: the fixture packages and ``ray_probe``.
-WORKER_PATH = os.pathsep.join([str(FIXTURE_SITE), str(Path(__file__).parent)])
+#: What the workers need on PYTHONPATH: the fixture packages and ``tests.ray.ray_probe``.
+WORKER_PATH = os.pathsep.join([str(FIXTURE_SITE), str(ROOT)])
 NPU = {"VERL_NPU_AUTOPATCH_DEVICE": "npu"}
 #: A worker's start-up hooks before the first watched import: a placeholder for each time ``site``
 #: read the ``.pth`` (once, or twice in a venv: cpython#75723).

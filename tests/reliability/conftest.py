@@ -2,9 +2,4 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.conftest import PYTHONS, any_python, base_python, wheel  # noqa: F401
+from tests.engine.conftest import PYTHONS, any_python, base_python, wheel  # noqa: F401

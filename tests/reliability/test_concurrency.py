@@ -19,7 +19,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from support.children import FIXTURE_SITE, clean_env
+from tests.support.children import FIXTURE_SITE, clean_env
 
 PROCESSES = 50
 THREADS = 16

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.children import FIXTURE_SITE, ROOT, clean_env, run
+
+from tests.support.children import FIXTURE_SITE, ROOT, clean_env, run
 
 NPU = {"VERL_NPU_AUTOPATCH_DEVICE": "npu"}
 STRICT = {"VERL_NPU_AUTOPATCH_STRICT": "1"}

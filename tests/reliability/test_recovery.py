@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from support.children import ROOT, run, run_json
+
+from tests.support.children import ROOT, run, run_json
 
 NPU = {"VERL_NPU_AUTOPATCH_DEVICE": "npu"}
 

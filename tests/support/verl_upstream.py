@@ -23,9 +23,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ascend"))
-
-upstream = importlib.import_module("upstream")  # tests/ascend/upstream.py: loads scripts/compat-matrix
+from tests.support import upstream
 
 VERSION = "0.9.1"
 PATCH_MODULE = "verl.utils.vllm.npu_vllm_patch"

@@ -4,19 +4,18 @@ sha256-checked download cache)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ascend"))  # upstream.py (load_subset, matrix_script)
+from tests.support import tiers
 
-import tensordict  # noqa: F401  (the process-wide engine decides "inactive" now: no torch_npu here)
+tiers.require(__file__)  # before importing what this environment may lack
 
-from verl_npu_autopatch import engine as process_engine
-from verl_npu_autopatch.engine import Engine
+import tensordict  # noqa: E402,F401  (the process-wide engine decides "inactive" now: no torch_npu here)
+
+from verl_npu_autopatch import engine as process_engine  # noqa: E402
+from verl_npu_autopatch.engine import Engine  # noqa: E402
 
 assert process_engine.report().status == "inactive", process_engine.report().reason
 

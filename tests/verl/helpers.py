@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import upstream  # tests/ascend/upstream.py, on sys.path through conftest.py
 
+from tests.support import upstream
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
 

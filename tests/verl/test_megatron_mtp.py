@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import torch
-import upstream
-from helpers import record, release_root, start
 
+from tests.support import upstream
+from tests.verl.helpers import record, release_root, start
 from verl_npu_autopatch.patches import megatron_mtp
 
 NAME = "megatron.mtp_postprocess"

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import tensordict.base
 import torch
-import upstream
-from helpers import record, start
-from test_torch_npu_nested import _jagged, standin  # noqa: F401  (fixture)
 
+from tests.support import upstream
+from tests.verl.helpers import record, start
+from tests.verl.test_torch_npu_nested import _jagged, standin  # noqa: F401  (fixture)
 from verl_npu_autopatch.patches import tensordict_sync, torch_npu_nested
 
 SYNC = "tensordict.npu_sync"

@@ -11,10 +11,10 @@ import tensordict
 import tensordict.base
 import torch
 import torch._utils
-import upstream
-from helpers import record, release_root, start
 from tensordict import TensorDict
 
+from tests.support import upstream
+from tests.verl.helpers import record, release_root, start
 from verl_npu_autopatch.patches import tensordict_sync
 from verl_npu_autopatch.patches._fingerprints import Code
 

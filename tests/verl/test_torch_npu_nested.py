@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import record, start
 
+from tests.verl.helpers import record, start
 from verl_npu_autopatch.patches import torch_npu_nested
 
 NAME = torch_npu_nested.NAME

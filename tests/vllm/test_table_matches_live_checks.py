@@ -7,15 +7,11 @@ files, and both must agree with the table's column of that release."""
 from __future__ import annotations
 
 import importlib.metadata
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-
-from matrix import live_sites, matrix_script
-
+from tests.support.matrix import live_sites, matrix_script
 from verl_npu_autopatch.patches._fingerprints import UpstreamTree
 
 STATE = {"apply": "applies"}

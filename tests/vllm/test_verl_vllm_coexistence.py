@@ -17,7 +17,6 @@ verl's functions already ran when our engine activates.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -26,16 +25,14 @@ from typing import Any
 
 import pytest
 import torch
-from test_vllm_moe import INTER, E, H, checkpoint, load, reference, to_runtime_layout
-from vllm_support import build_moe, moe_layer_class, record
 
+from tests.support import verl_upstream
+from tests.vllm.test_vllm_moe import INTER, E, H, checkpoint, load, reference, to_runtime_layout
+from tests.vllm.vllm_support import build_moe, moe_layer_class, record
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patches import verl_vllm, vllm_moe, vllm_rotary
 from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, verl_owned
 from verl_npu_autopatch.patching import MARKER
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-verl_upstream = importlib.import_module("support.verl_upstream")  # tests/support/verl_upstream.py
 
 ROTARY, LOADER, DEFERS = vllm_rotary.PATCHES[0], vllm_moe.PATCHES[0], verl_vllm.PATCHES[0]
 FORCED = dataclasses.replace(ROTARY, check=None)

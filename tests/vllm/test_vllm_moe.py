@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-from vllm_support import build_moe, moe_layer_class, record
 
+from tests.vllm.vllm_support import build_moe, moe_layer_class, record
 from verl_npu_autopatch.patches import vllm_moe
 from verl_npu_autopatch.patching import MARKER
 from verl_npu_autopatch.spec import Site

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import vnpa_child
 
+from tests.vllm import vnpa_child
 from verl_npu_autopatch.patches import vllm_moe, vllm_rotary
 from verl_npu_autopatch.spec import Site
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_support import record
 
+from tests.vllm.vllm_support import record
 from verl_npu_autopatch.patches import vllm_rotary
 from verl_npu_autopatch.patching import MARKER
 from verl_npu_autopatch.spec import Site

@@ -7,10 +7,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.environ["AUTOPATCH_HF_TESTS"])
-
-import npu_emulation
-
+from tests.hf import npu_emulation
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patches import transformers_npu

@@ -9,8 +9,9 @@ import importlib
 import unittest
 from typing import Any
 
-import tiny_configs  # tests/hf, on sys.path (conftest.py of the child)
 import torch
+
+from tests.hf import tiny_configs  # the repository root is on the child's PYTHONPATH
 
 from .test_modeling_common import ModelTesterMixin
 

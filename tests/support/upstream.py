@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-
-from matrix import matrix_script  # noqa: F401  (re-exported: the suites share one loader)
+from tests.support.matrix import matrix_script  # noqa: F401  (re-exported: the suites share one loader)
 
 
 def load_file(path: Path, name: str) -> types.ModuleType:
@@ -37,7 +34,7 @@ def load_layernorm(root: Path) -> Iterator[types.ModuleType]:
     """The release's ``vllm_ascend/ops/layernorm.py`` run unchanged as ``vllm_ascend.ops.layernorm``
     (in ``sys.modules`` while the generator is suspended), its vllm-ascend imports stubbed with the
     doubles of :data:`doubles.LAYERNORM_IMPORTS` (imported here: tests/verl loads this module too)."""
-    import doubles
+    from tests.ascend import doubles
 
     name = "vllm_ascend.ops.layernorm"
     stubs = {module: doubles.stub_module(module, **names) for module, names in doubles.LAYERNORM_IMPORTS.items()}
