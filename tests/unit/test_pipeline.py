@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -139,7 +138,7 @@ def test_npu_device_patch_is_gated_without_a_visible_device(module: types.Module
     assert decide(patch, module, config=Config(device="auto"), npu_visible=lambda: True).state == "applied"
 
 
-def test_runs_where_wrapt_cannot_be_imported(base_python: Path) -> None:
+def test_runs_where_wrapt_cannot_be_imported() -> None:
     code = """
 import json, sys, types
 sys.modules["wrapt"] = None  # any "import wrapt" now raises ImportError
@@ -163,4 +162,4 @@ patch = Patch("pipe.nowrapt", "adds ten", (Target.parse("no_wrapt_target:Layer.f
 outcome = run(patch, patch.targets, {}, module, Config(device="npu"))
 print(json.dumps([outcome.state, outcome.reason, Layer().forward(), sys.modules["wrapt"] is None]))
 """
-    assert run_json(base_python, code, fixtures=False) == ["applied", "fix installed", 11, True]
+    assert run_json(sys.executable, code, fixtures=False) == ["applied", "fix installed", 11, True]

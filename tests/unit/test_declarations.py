@@ -148,10 +148,10 @@ def test_list_and_status_show_every_declared_site() -> None:
     assert "also changes `vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch`" in markdown
 
 
-def test_status_prints_what_each_patch_touches(base_python: Path) -> None:
-    proc = run(base_python, "from verl_npu_autopatch.cli import main; main(['status', '--json'])")
+def test_status_prints_what_each_patch_touches() -> None:
+    proc = run(sys.executable, "from verl_npu_autopatch.cli import main; main(['status', '--json'])")
     plans = {p["name"]: p for p in json.loads(proc.stdout)["patches"]}
     assert "triggered by vllm_ascend.patch.worker:__file__" in plans["ascend.routed_experts_capture"]["touches"]
-    text = run(base_python, "from verl_npu_autopatch.cli import main; main(['status', '--all'])").stdout
+    text = run(sys.executable, "from verl_npu_autopatch.cli import main; main(['status', '--all'])").stdout
     assert "what each patch touches:" in text
     assert "also changes vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch" in text
