@@ -25,7 +25,7 @@ __all__ = [
 PACKAGE = "verl_npu_autopatch.patches"
 #: The built-in families (the public modules of :data:`PACKAGE`), in catalogue order: the order
 #: the engine applies the patches of one target module in, and ``docs/patches.md`` lists them in.
-#: The one place that orders them; a family module missing here fails tests/engine/test_discovery.py.
+#: The one place that orders them; a family module missing here fails tests/unit/test_discovery.py.
 FAMILIES: tuple[str, ...] = (
     "vllm_moe",
     "vllm_rotary",
