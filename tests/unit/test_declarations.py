@@ -155,3 +155,23 @@ def test_status_prints_what_each_patch_touches() -> None:
     text = run(sys.executable, "from verl_npu_autopatch.cli import main; main(['status', '--all'])").stdout
     assert "what each patch touches:" in text
     assert "also changes vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch" in text
+
+
+def test_every_builtin_patch_without_a_check_says_why() -> None:
+    """``doctor --verify`` compares the transformers kernels and the vLLM-side arithmetic fixes
+    (``verify.INFERENCE``) with upstream; every other built-in patch was decided (no arithmetic a
+    tiny input can compare) and has its own reason, not the catch-all a plugin's patch gets."""
+    from verl_npu_autopatch import catalog, verify
+    from verl_npu_autopatch.patches import transformers_npu
+
+    names = [p.name for p in catalog.builtin()]
+    checked = {name for name in names if verify.has_check(name)}
+    kernels = {p.name for p in transformers_npu.PATCHES if p.name.rsplit(".", 1)[-1] in transformers_npu.KERNELS}
+    assert kernels and checked == kernels | {"ascend.rms_norm_residual"}
+    assert set(verify.INFERENCE) <= set(names)
+    others = [name for name in names if name not in checked]
+    assert others
+    fallback = verify.not_numeric("plugin.anything")
+    assert {name: verify.not_numeric(name) for name in others if verify.not_numeric(name) == fallback} == {}
+    # a check and a reason for the same patch would contradict each other
+    assert [key for key in verify.NOT_NUMERIC if key in checked] == []

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import verl_npu_autopatch
+from tests.support.children import ROOT
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "verl_npu_autopatch"
@@ -289,3 +290,19 @@ def test_no_family_module_imports_another_and_helpers_import_no_family() -> None
 
 def catalog_package() -> str:
     return _module_name(FAMILIES_DIR / "__init__.py")
+
+
+def test_doctor_and_ray_helpers_never_import_the_command_line() -> None:
+    """Imports point down: ``cli`` uses ``doctor`` and ``ray_doctor``, never the other way round
+    (the Ray node probe is told which status function to run)."""
+    import ast
+
+    package = ROOT / "src" / "verl_npu_autopatch"
+    for name in ("doctor", "_doctor_child", "ray_doctor"):
+        imported = set()
+        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                imported |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module or ""}
+        assert not {m for m in imported if m.split(".")[:2] == ["verl_npu_autopatch", "cli"]}, name
