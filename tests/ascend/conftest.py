@@ -61,4 +61,4 @@ def layernorm(request: pytest.FixtureRequest, releases: dict, npu: None) -> Iter
     """The release's layernorm.py (0.23.0 and 0.23.0.post1), with the torch_npu doubles and the
     ``maybe_chunk_residual`` double registered."""
     doubles.register_maybe_chunk_residual()
-    yield from upstream.load_layernorm(releases[request.param][0])
+    yield from doubles.load_layernorm(releases[request.param][0])

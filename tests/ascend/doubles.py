@@ -18,11 +18,13 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from tests.hf import npu_contract
+from tests.support import upstream
 
 #: ``(name, details)`` of every double called, in call order. Cleared by :func:`installed`.
 EVENTS: list[tuple[str, Any]] = []
@@ -229,3 +231,15 @@ def installed() -> Iterator[None]:
             torch.npu = previous
         else:
             del torch.npu
+
+
+def load_layernorm(root: Path) -> Iterator[types.ModuleType]:
+    """The release's ``vllm_ascend/ops/layernorm.py`` run unchanged as ``vllm_ascend.ops.layernorm``
+    (in ``sys.modules`` while the generator is suspended), its vllm-ascend imports stubbed with the
+    doubles of :data:`LAYERNORM_IMPORTS`."""
+    name = "vllm_ascend.ops.layernorm"
+    stubs = {module: stub_module(module, **names) for module, names in LAYERNORM_IMPORTS.items()}
+    with modules(stubs):
+        module = upstream.load_file(root / "vllm_ascend/ops/layernorm.py", name)
+        with modules({name: module}):
+            yield module

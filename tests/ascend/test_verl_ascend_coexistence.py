@@ -81,7 +81,7 @@ def glm(releases: Any, npu: None) -> Iterator[types.SimpleNamespace]:
     doubles.register_maybe_chunk_residual()
     root = releases["0.23.0"][0]
     sfa = build_sfa(root)
-    with contextlib.contextmanager(upstream.load_layernorm)(root) as layernorm:
+    with contextlib.contextmanager(doubles.load_layernorm)(root) as layernorm:
         modules = {"vllm_ascend.attention.sfa_v1": sfa, "vllm_ascend.ops.layernorm": layernorm}
         with doubles.modules(packaged(modules)):
             yield types.SimpleNamespace(sfa=sfa, layernorm=layernorm)

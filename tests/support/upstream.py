@@ -15,7 +15,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +27,6 @@ def load_file(path: Path, name: str) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def load_layernorm(root: Path) -> Iterator[types.ModuleType]:
-    """The release's ``vllm_ascend/ops/layernorm.py`` run unchanged as ``vllm_ascend.ops.layernorm``
-    (in ``sys.modules`` while the generator is suspended), its vllm-ascend imports stubbed with the
-    doubles of :data:`doubles.LAYERNORM_IMPORTS` (imported here: tests/verl loads this module too)."""
-    from tests.ascend import doubles
-
-    name = "vllm_ascend.ops.layernorm"
-    stubs = {module: doubles.stub_module(module, **names) for module, names in doubles.LAYERNORM_IMPORTS.items()}
-    with doubles.modules(stubs):
-        module = load_file(root / "vllm_ascend/ops/layernorm.py", name)
-        with doubles.modules({name: module}):
-            yield module
 
 
 def _builtin_decorator(node: ast.expr) -> bool:
