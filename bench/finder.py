@@ -35,14 +35,14 @@ from _bench import interleave, median, report, summary
 
 def hooks() -> tuple[list[object], object]:
     """The placeholders the ``.pth`` line put on ``sys.meta_path``, taken off, and the observer
-    (the start-up module, loaded here, not installed)."""
+    (the start-up module's, loaded here, not installed)."""
     found = [f for f in sys.meta_path if getattr(f, "verl_npu_autopatch_placeholder", False)]
     if not found:
         raise SystemExit("no placeholder on sys.meta_path: run this with the python of a venv that has the package")
     sys.meta_path[:] = [f for f in sys.meta_path if f not in found]
-    from verl_npu_autopatch._config import startup
+    from verl_npu_autopatch._startup import OBSERVER
 
-    return found, startup
+    return found, OBSERVER
 
 
 class NoOp:
