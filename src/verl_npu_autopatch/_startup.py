@@ -2,8 +2,8 @@
 at interpreter start: the ``.pth`` line (``_pth_line``) puts a placeholder on ``sys.meta_path``, and
 the first watched name imports this module, as ``_verl_npu_autopatch_startup`` (the wheel's root
 copy of this file), holding the global import lock, and calls :func:`take_over`; the PEP 829
-``.start`` file calls :func:`install_observer`. Imported as ``verl_npu_autopatch._startup``, the
-file hands back the root module: one start-up module per process (:func:`_one_per_process`).
+``.start`` file calls :func:`install_observer`. The root module is ``verl_npu_autopatch._startup``
+too, and the package's copy, imported first, hands it back: one module per process (:func:`_one_per_process`).
 Standard library only (modules already loaded); never raises, prints or writes. A watched package
 gets an :class:`ActivatingLoader`: on a plainly inert host (:func:`plainly_inert`) it loads
 untouched, with nothing imported; otherwise the loader's work (``_activation``) is imported then.
@@ -115,8 +115,7 @@ class Observer:
 
     def __init__(self) -> None:
         self.mode: Mode = "placeholder"
-        #: While guarding: the packages whose modules other threads wait for (``None``: all).
-        self.gated: frozenset[str] | None = WATCHED
+        self.gated: frozenset[str] | None = WATCHED  # guarding: the packages held (None: all)
         self.activator: int | None = None  # the thread that activates
         self.trigger = ""  # the watched package whose import began the activation
         self.woken_inert = ""  # the watched package whose import found this host inert
@@ -233,8 +232,7 @@ class Observer:
 
 
 def _standard_library(spec):
-    """Whether ``spec`` is a built-in, frozen or standard-library module (never held up: the
-    activating thread imports such modules)."""
+    """``spec`` is a built-in, frozen or standard-library module (never held: the activating thread imports them)."""
     origin = spec.origin or ""
     if origin in ("built-in", "frozen") or type(spec.loader).__name__ in ("BuiltinImporter", "FrozenImporter"):
         return True
@@ -378,8 +376,8 @@ take_over, install_observer = OBSERVER.take_over, OBSERVER.start
 
 
 def _one_per_process():
-    """For this file loaded as ``verl_npu_autopatch._startup``: the root module :data:`NAME`
-    (loaded, or imported here), else (the package shipped alone) this module, registered under
+    """For this file loaded as ``verl_npu_autopatch._startup`` (the root module was not loaded): the
+    root module :data:`NAME`, imported here, else (the package shipped alone) this module, under
     that name too. The root module is imported holding the global import lock, as the placeholder
     does: so its module lock is only ever taken by a thread holding that lock (no deadlock)."""
     found = sys.modules.get(NAME)
@@ -396,5 +394,7 @@ def _one_per_process():
     return found if found is not None else sys.modules.setdefault(NAME, sys.modules[__name__])
 
 
-if __name__ != NAME:  # the import system hands back what sys.modules holds once this body has run
+if __name__ == NAME:  # the package's name for it too: importing that runs no second copy of the file
+    sys.modules.setdefault("verl_npu_autopatch._startup", sys.modules[NAME])
+else:  # the import system hands back what sys.modules holds once this body has run
     sys.modules[__name__] = _one_per_process()

@@ -29,6 +29,8 @@ STAGES = (
 AT_START = ["placeholder", "placeholder"]
 #: The observer: the start-up module's ``OBSERVER``.
 OBSERVER = "observer"
+#: The start-up module, in ``sys.modules`` under its root name and the package's (one object).
+STARTUP_MODULE = ["_verl_npu_autopatch_startup", "verl_npu_autopatch._startup"]
 MODULES = "import sys, json; print(json.dumps(sorted(sys.modules)))"
 #: What a first watched import loads of the package where the configuration decides.
 PACKAGE_ON_THE_INERT_PATH = (
@@ -216,11 +218,11 @@ print(json.dumps(dict(status=r.status, reason=r.reason, trigger=r.trigger, heavy
     seen = run_json(any_python, code)
     assert (seen["status"], seen["trigger"], seen["heavy"], seen["hooks"]) == ("inactive", "vllm", [], [])
     assert "torch_npu is not installed" in seen["reason"]
-    assert seen["ours"] == [OBSERVER]
+    assert seen["ours"] == STARTUP_MODULE
     # a configuration that could change the decision is read (by _activation): inert all the same
     configured = run_json(any_python, code, env={"VERL_NPU_AUTOPATCH_DEVICE": "auto"})
     assert {**configured, "ours": []} == {**seen, "ours": []}
-    assert configured["ours"] == sorted([OBSERVER, *PACKAGE_ON_THE_INERT_PATH])
+    assert configured["ours"] == sorted([*STARTUP_MODULE, *PACKAGE_ON_THE_INERT_PATH])
 
 
 def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) -> None:
