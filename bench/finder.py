@@ -19,6 +19,10 @@ import):
 
 Both also time the layout not taken: a module on ``sys.meta_path`` whose ``find_spec`` is the
 observer's bound method, as the start-up module was the observer before the ``Observer`` object.
+
+``--compare PYTHON`` (a venv with another build, e.g. the main branch's) adds, in interleaved
+rounds of fresh processes, the installed observer's miss in each venv, whatever the layout
+(the finder marked ``verl_npu_autopatch_observer`` once the first watched name was looked up).
 """
 
 from __future__ import annotations
@@ -35,7 +39,15 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import interleave, median, report, summary
+from _bench import clean_env, interleave, median, report, run, summary
+
+#: A child's installed-observer miss (s per call, the look-up included), whatever the layout.
+OBSERVER_MISS = """
+import importlib.util, sys, timeit
+importlib.util.find_spec("vllm")  # the first watched name: the observer takes the placeholder's place
+f = next(f for f in sys.meta_path if getattr(f, "verl_npu_autopatch_observer", False))
+print(timeit.timeit("f.find_spec('vna_unrelated_name')", globals={"f": f}, number=1_000_000) / 1_000_000)
+"""
 
 
 def hooks() -> tuple[list[object], object]:
@@ -69,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modules", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--compare", help="another venv's python: its installed observer's miss, paired")
     args = parser.parse_args(argv)
     placeholders, observer = hooks()
     placeholder = placeholders[0]
@@ -122,6 +135,22 @@ def main(argv: list[str] | None = None) -> int:
             },
             max(5, args.rounds // 6),
         )
+        tables = {"find_spec miss, per call (µs)": summary(direct, "no-op find_spec (loop + call)", "us", 1e6)}
+        if args.compare:
+            env = clean_env()
+            pythons = {"this venv's observer, miss": sys.executable, "compare venv's observer, miss": args.compare}
+            tables["installed observer's miss in a fresh process, per call (µs)"] = summary(
+                interleave(
+                    {
+                        name: lambda python=python: float(run([python, "-c", OBSERVER_MISS], env=env))
+                        for name, python in pythons.items()
+                    },
+                    max(5, args.rounds // 3),
+                ),
+                "compare venv's observer, miss",
+                "us",
+                1e6,
+            )
         net = median(direct["placeholder find_spec miss"]) - median(direct["no-op find_spec (loop + call)"])
         per_import = median(samples["one placeholder installed"]) - median(samples["nothing installed"])
         report(
@@ -130,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"importing {args.modules} fresh tiny modules, per import (µs)": summary(
                     samples, "nothing installed", "us", 1e6
                 ),
-                "find_spec miss, per call (µs)": summary(direct, "no-op find_spec (loop + call)", "us", 1e6),
+                **tables,
             },
             {
                 "python": sys.version.split()[0],

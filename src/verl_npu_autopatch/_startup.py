@@ -2,8 +2,8 @@
 at interpreter start: the ``.pth`` line (``_pth_line``) puts a placeholder on ``sys.meta_path``, and
 the first watched name imports this module, as ``_verl_npu_autopatch_startup`` (the wheel's root
 copy of this file), holding the global import lock, and calls :func:`take_over`; the PEP 829
-``.start`` file calls :func:`install_observer`. The root module is ``verl_npu_autopatch._startup``
-too, and the package's copy, imported first, hands it back: one module per process (:func:`_one_per_process`).
+``.start`` file calls :func:`install_observer`. One module object per process, under both names:
+the root module registers itself under the package's name, or the package's copy, imported first, under the root's.
 Standard library only (modules already loaded); never raises, prints or writes. A watched package
 gets an :class:`ActivatingLoader`: on a plainly inert host (:func:`plainly_inert`) it loads
 untouched, with nothing imported; otherwise the loader's work (``_activation``) is imported then.
@@ -32,7 +32,7 @@ WATCHED = frozenset(
 TRUE = frozenset({"1", "true", "yes", "on", "y", "t", "enable", "enabled"})
 FALSE = frozenset({"0", "false", "no", "off", "n", "f", "disable", "disabled", "none", "never"})
 
-#: The name this module is loaded under, whoever loads it (:func:`_one_per_process`).
+#: The name this module is loaded under (also, if imported first, the package's copy of the file).
 NAME = "_verl_npu_autopatch_startup"
 
 #: Marks the start-up line's placeholders on ``sys.meta_path``: one each time ``site`` reads the
@@ -375,26 +375,12 @@ OBSERVER: Observer = globals().get("OBSERVER") or Observer()
 take_over, install_observer = OBSERVER.take_over, OBSERVER.start
 
 
-def _one_per_process():
-    """For this file loaded as ``verl_npu_autopatch._startup`` (the root module was not loaded): the
-    root module :data:`NAME`, imported here, else (the package shipped alone) this module, under
-    that name too. The root module is imported holding the global import lock, as the placeholder
-    does: so its module lock is only ever taken by a thread holding that lock (no deadlock)."""
-    found = sys.modules.get(NAME)
-    if found is None:
-        import _imp
-
-        _imp.acquire_lock()
-        try:
-            found = sys.modules.get(NAME) or __import__(NAME)
-        except Exception:  # no root module, or a broken one: this copy serves
-            found = None
-        finally:
-            _imp.release_lock()
-    return found if found is not None else sys.modules.setdefault(NAME, sys.modules[__name__])
-
-
-if __name__ == NAME:  # the package's name for it too: importing that runs no second copy of the file
+#: One module object per process, under both names: the root module registers itself under the
+#: package's name, so importing that runs no second copy of the file; the package's copy, imported
+#: first (the root module not loaded yet, or not there at all), is the one module and registers
+#: itself under the root's name. (The import system hands back what ``sys.modules`` holds once this
+#: body has run: the root module, should it have won a race.)
+if __name__ == NAME:
     sys.modules.setdefault("verl_npu_autopatch._startup", sys.modules[NAME])
-else:  # the import system hands back what sys.modules holds once this body has run
-    sys.modules[__name__] = _one_per_process()
+else:
+    sys.modules[__name__] = sys.modules.setdefault(NAME, sys.modules[__name__])
