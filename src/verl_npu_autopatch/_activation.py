@@ -17,13 +17,15 @@ import sys
 
 from verl_npu_autopatch._config import read_config
 from verl_npu_autopatch._environment import device_decision
-from verl_npu_autopatch._startup import OBSERVER, unframed
+from verl_npu_autopatch._startup import NAME, OBSERVER, activating, real_spec, unframed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any
+
+    from verl_npu_autopatch._startup import Observer
 
 
 def inert_here() -> bool:
@@ -90,6 +92,32 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
         except Exception as exc:  # recorded and logged by the engine; outside strict mode the import succeeds
             if type(exc).__name__ == "PatchError":  # strict mode: raise at the target's import
                 raise
+
+
+def held(observer: "Observer", fullname: str, path: "Any", target: "Any") -> "ModuleSpec | None":
+    """The guarding observer's answer for a name outside the watched packages: for threads other
+    than the activating one, the modules of the gated packages (the watched ones and the other
+    target packages) or, while the catalogue is not loaded yet (``gated is None``), every module
+    outside the standard library and this package get a loader that waits for the activation to
+    end before the module executes."""
+    top = fullname.partition(".")[0]
+    gated = observer.gated
+    is_held = top in gated if gated is not None else top not in ("verl_npu_autopatch", NAME)
+    if is_held and _thread.get_ident() != observer.activator:
+        spec = real_spec(fullname, path, target)
+        if spec is not None and (gated is not None or not _standard_library(spec)):
+            return activating(spec, observer.trigger or fullname)
+    return None
+
+
+def _standard_library(spec: "ModuleSpec") -> bool:
+    """Whether ``spec`` is a built-in, frozen or standard-library module (never held up: the
+    activating thread imports such modules)."""
+    origin = spec.origin or ""
+    if origin in ("built-in", "frozen") or type(spec.loader).__name__ in ("BuiltinImporter", "FrozenImporter"):
+        return True
+    stdlib = os.path.dirname(os.__file__) + os.sep
+    return origin.startswith(stdlib) and "-packages" not in origin
 
 
 def blocked_on_us(activator: int) -> bool:

@@ -124,22 +124,14 @@ class Observer:
         self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
     ) -> "ModuleSpec | None":
         """A watched package's real spec with an activating loader; else ``None`` (one frozenset
-        lookup), unless guarding: then, for threads other than the activating one, the modules of
-        the gated packages or, while the catalogue is not loaded (``gated is None``), every module
-        outside the standard library and this package get a loader that waits for the activation."""
+        lookup), unless guarding: then ``_activation.held`` (loaded: an activation began) decides."""
         if fullname in WATCHED:
             spec = real_spec(fullname, path, target)
             return None if spec is None else activating(spec, None)
         if self.mode != "guarding":
             return None
-        top = fullname.partition(".")[0]
-        gated = self.gated
-        held = top in gated if gated is not None else top not in ("verl_npu_autopatch", NAME)
-        if held and get_ident() != self.activator:
-            spec = real_spec(fullname, path, target)
-            if spec is not None and (gated is not None or not _standard_library(spec)):
-                return activating(spec, self.trigger or fullname)
-        return None
+        activation = sys.modules.get("verl_npu_autopatch._activation")
+        return None if activation is None else activation.held(self, fullname, path, target)
 
     def installed(self) -> bool:
         """This observer is on ``sys.meta_path``."""
@@ -229,15 +221,6 @@ class Observer:
         self.mode = "placeholder"
         if hooked:
             self.observe()
-
-
-def _standard_library(spec):
-    """``spec`` is a built-in, frozen or standard-library module (never held: the activating thread imports them)."""
-    origin = spec.origin or ""
-    if origin in ("built-in", "frozen") or type(spec.loader).__name__ in ("BuiltinImporter", "FrozenImporter"):
-        return True
-    stdlib = os.path.dirname(os.__file__) + os.sep
-    return origin.startswith(stdlib) and "-packages" not in origin
 
 
 _at_fork: list = globals().get("_at_fork", [])
