@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import _thread
 import sys
+import threading
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
@@ -81,3 +83,24 @@ def test_the_observer_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert observer.mode == "observing" and observer.installed()
     observer.fall_inert("transformers")
     assert (observer.mode, observer.woken_inert, observer.installed()) == ("retired", "transformers", False)
+
+
+def test_the_guarding_mode_holds_other_threads_modules_of_the_gated_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not _startup.is_hook(f)])
+    observer = _startup.Observer()
+    observer.guard(_thread.get_ident(), ["pytest"])  # this thread activates; pytest is a target package
+    try:
+        assert observer.mode == "guarding" and sys.meta_path[0] is observer
+        assert observer.find_spec("pytest") is None  # the activating thread is never held
+        seen: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: seen.extend([observer.find_spec("pytest"), observer.find_spec("json")])
+        )
+        worker.start()
+        worker.join()
+        held, other = seen
+        assert type(held.loader).__name__ == "ActivatingLoader" and held.loader.waits_for == "pytest"
+        assert other is None  # not a gated package
+    finally:
+        observer.retire()
+    assert observer.mode == "retired" and not observer.installed()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ def test_the_rendered_line_is_one_line_whose_placeholder_watches_exactly_watched
     assert line.count("\n") == 1 and line.endswith("\n") and line.startswith("import ")  # site runs it as code
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the placeholder goes on a copy
     exec(line, {})
-    placeholder = sys.meta_path[0]
+    placeholder: Any = sys.meta_path[0]
     assert getattr(placeholder, _startup.PLACEHOLDER) is True
     assert sorted(placeholder.find_spec.__kwdefaults__["w"].split()) == sorted(_startup.WATCHED)
     # a miss and a part of a watched name give None without importing anything
