@@ -36,7 +36,7 @@ class RecordingObserver(NullObserver):
 
 
 def test_one_start_up_module_and_one_observer_in_this_process() -> None:
-    # the runner has the wheel installed: the package's copy of the file hands back the root module
+    # the runner has the wheel installed: one module object under the root's name and the package's
     assert sys.modules["verl_npu_autopatch._startup"] is sys.modules[_startup.NAME]
     assert engine.engine().observer is _startup.OBSERVER  # the composition root's injection
 
