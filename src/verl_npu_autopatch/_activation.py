@@ -2,7 +2,8 @@
 module found the host plainly inert: decide from the configuration whether this host is inert,
 guard other threads' imports while the engine activates, activate it, and patch the package
 itself. Imported by the activating loader of the start-up module (outside the interpreter's
-global import lock) and by the engine; standard library only, light.
+global import lock) and by the engine; standard library only, light. Also what the engine asks of
+the observer (``Observer``) and the observer that does nothing (:class:`NullObserver`).
 
 While the engine activates, the observer *guards* imports (``Observer.guard``): every watched package
 and every submodule of a watched (or target) package that another thread imports waits in its
@@ -21,11 +22,24 @@ from verl_npu_autopatch._startup import NAME, OBSERVER, activating, real_spec, u
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from importlib.machinery import ModuleSpec
     from types import ModuleType
-    from typing import Any
+    from typing import Any, Protocol
 
-    from verl_npu_autopatch._startup import Observer
+    from verl_npu_autopatch._startup import Observer as StartupObserver
+
+    class Observer(Protocol):
+        """What the engine asks of the start-up observer (``_startup.Observer``): whether the
+        start-up hook is in place, which watched import found the host inert, guard imports while
+        activating, retire, observe again."""
+
+        woken_inert: str
+
+        def hooked(self) -> bool: ...
+        def guard(self, activator: int, packages: Iterable[str] | None = None) -> None: ...
+        def retire(self) -> None: ...
+        def observe_again(self, hooked: bool) -> None: ...
 
 
 def inert_here() -> bool:
@@ -94,7 +108,7 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
                 raise
 
 
-def held(observer: "Observer", fullname: str, path: "Any", target: "Any") -> "ModuleSpec | None":
+def held(observer: "StartupObserver", fullname: str, path: "Any", target: "Any") -> "ModuleSpec | None":
     """The guarding observer's answer for a name outside the watched packages: for threads other
     than the activating one, the modules of the gated packages (the watched ones and the other
     target packages) or, while the catalogue is not loaded yet (``gated is None``), every module
@@ -118,6 +132,26 @@ def _standard_library(spec: "ModuleSpec") -> bool:
         return True
     stdlib = os.path.dirname(os.__file__) + os.sep
     return origin.startswith(stdlib) and "-packages" not in origin
+
+
+class NullObserver:
+    """An observer that does nothing: no start-up hook, nothing to guard, never woken inert. The
+    process's observer (``_startup.OBSERVER``) is the process-wide engine's alone; every other
+    engine (tests, tools) gets this one, so it never touches the process's start-up hook."""
+
+    woken_inert = ""
+
+    def hooked(self) -> bool:
+        return False
+
+    def guard(self, activator: int, packages: "Iterable[str] | None" = None) -> None:
+        pass
+
+    def retire(self) -> None:
+        pass
+
+    def observe_again(self, hooked: bool) -> None:
+        pass
 
 
 def blocked_on_us(activator: int) -> bool:

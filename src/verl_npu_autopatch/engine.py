@@ -23,7 +23,6 @@ from verl_npu_autopatch._config import Config, read_config
 from verl_npu_autopatch._hooks import Hooks
 from verl_npu_autopatch._installed import Installed
 from verl_npu_autopatch._logging import LOGGER_NAME
-from verl_npu_autopatch._null_observer import NullObserver
 from verl_npu_autopatch._startup import OBSERVER
 
 TYPE_CHECKING = False
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from verl_npu_autopatch._null_observer import Observer
+    from verl_npu_autopatch._activation import Observer
     from verl_npu_autopatch._slots import Slot
     from verl_npu_autopatch.records import EngineStatus, Record, RecordState, Report
     from verl_npu_autopatch.spec import Patch
@@ -55,7 +54,7 @@ class Engine:
 
     ``catalogue`` and ``config`` default to the built-in catalogue (plus entry points) and the
     environment; tests pass their own. ``observer`` is the process's start-up observer, given to
-    the process-wide engine alone (by default a :class:`NullObserver`). Each patch has one
+    the process-wide engine alone (by default an ``_activation.NullObserver``). Each patch has one
     :class:`~._slots.Slot`; the engine itself passes as ``site.engine``, the
     :class:`~verl_npu_autopatch.handover.HandOver` of patch families that arbitrate with other
     patches (it forwards those calls to its :class:`~._installed.Installed`).
@@ -66,7 +65,7 @@ class Engine:
     ) -> None:
         self._catalogue = catalogue
         self._given_config = self._config = config
-        self._observer: Observer = observer or NullObserver()
+        self._observer: Observer = observer or _activation.NullObserver()
         self._lock = _thread.RLock()  # records and claims; held only briefly, never across imports
         self._activation_lock = _thread.RLock()
         self.status: EngineStatus = "not-activated"
@@ -83,7 +82,7 @@ class Engine:
 
     @property
     def observer(self) -> Observer:
-        """The start-up observer this engine drives (a :class:`NullObserver` but for the process's)."""
+        """The start-up observer this engine drives (a ``NullObserver`` but for the process's)."""
         return self._observer
 
     @property
