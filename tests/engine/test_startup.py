@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,10 +12,11 @@ import pytest
 
 from tests.support.children import run, run_json
 
-#: The start-up hooks on ``sys.meta_path``: "placeholder" for the ``.pth`` line's placeholder, the
-#: observer's module name for the observer.
+#: The start-up hooks on ``sys.meta_path``: "placeholder" for the ``.pth`` line's placeholder,
+#: "observer" for the start-up module's observer object.
 HOOKS = (
-    "[getattr(f, '__name__', 'placeholder') for f in sys.meta_path "
+    "[('observer' if f is getattr(sys.modules.get('_verl_npu_autopatch_startup'), 'OBSERVER', 0) else 'placeholder') "
+    "for f in sys.meta_path "
     "if getattr(f, 'verl_npu_autopatch_observer', False) or getattr(f, 'verl_npu_autopatch_placeholder', False)]"
 )
 #: What the hooks are at start-up, and then after the first watched name is looked up (without
@@ -26,8 +28,10 @@ STAGES = (
 #: The hooks at start-up in these venvs: a venv's ``site`` reads the ``.pth`` twice (cpython#75723),
 #: and the line puts a placeholder each time.
 AT_START = ["placeholder", "placeholder"]
-#: The observer is the start-up module itself.
-OBSERVER = "_verl_npu_autopatch_startup"
+#: The observer: the start-up module's ``OBSERVER``.
+OBSERVER = "observer"
+#: The start-up module, in ``sys.modules`` under its root name and the package's (one object).
+STARTUP_MODULE = ["_verl_npu_autopatch_startup", "verl_npu_autopatch._startup"]
 MODULES = "import sys, json; print(json.dumps(sorted(sys.modules)))"
 #: What a first watched import loads of the package where the configuration decides.
 PACKAGE_ON_THE_INERT_PATH = (
@@ -63,8 +67,9 @@ def test_placeholders_at_start_then_exactly_one_observer(any_python: Path) -> No
     assert after == [OBSERVER]
 
 
-def test_the_placeholder_watches_exactly_the_watched_names(any_python: Path) -> None:
-    # the .pth line's placeholder alone (-S: site never ran, the start-up module is not on the path)
+def test_the_placeholder_answers_misses_parts_and_watched_names(any_python: Path) -> None:
+    # the .pth line's placeholder alone (-S: site never ran, the start-up module is not on the path);
+    # that the line holds exactly the watched names is test_pth_line's (in-process) check
     purelib = site_packages(any_python)
     code = f"""
 import json, sys
@@ -76,17 +81,47 @@ stale = "_verl_npu_autopatch_startup" in sys.modules
 sys.path.append({str(purelib)!r})  # the start-up module can be imported from now on
 part = find("torch", None, None), "_verl_npu_autopatch_startup" in sys.modules
 find("vllm", None, None)
-print(json.dumps([sorted(kept["w"].split()), missed, stale, part, kept["r"], {HOOKS}]))
+print(json.dumps([missed, stale, part, kept["r"], {HOOKS}]))
 """
-    watched, missed, stale, part, results_left, hooks = run_json(any_python, code, args=("-S",), fixtures=False)
-    from verl_npu_autopatch import _startup as startup
-
-    assert watched == sorted(startup.WATCHED)
+    missed, stale, part, results_left, hooks = run_json(any_python, code, args=("-S",), fixtures=False)
     # unrelated names and watched names whose start-up module cannot be imported (a stale .pth)
     # give None; "torch", a part of "torch_npu", does not even look for the start-up module
     assert missed == [None] * 6 and stale is False and part == [None, False]
     # a watched name imports it, and its observer takes the placeholder's place; no result is left behind
     assert hooks == [OBSERVER] and results_left == []
+
+
+#: One start-up module object under both names, and ``report()`` / ``status`` reading the observer
+#: that woke (or that the engine drove): its mode seen through the package's name and by ``status``,
+#: the engine's trigger.
+ONE_MODULE = """
+import json, sys
+{before}
+import vllm, verl_npu_autopatch
+from verl_npu_autopatch import _startup, cli
+one = sys.modules["verl_npu_autopatch._startup"] is sys.modules["_verl_npu_autopatch_startup"]
+r = verl_npu_autopatch.report()
+print(json.dumps([one, _startup.OBSERVER.mode, cli.status_data()["observer"], r.status, r.trigger]))
+"""
+
+
+def test_one_start_up_module_per_process(any_python: Path, tmp_path: Path) -> None:
+    # wheel install: the first watched import wakes the root module's observer, found inert
+    seen = run_json(any_python, ONE_MODULE.format(before=""))
+    assert seen == [True, "retired", "retired", "inactive", "vllm"]
+    # python -S + activate(): the package imports the root module; the engine retires its observer
+    purelib = site_packages(any_python)
+    activated = f"sys.path.append({str(purelib)!r}); import verl_npu_autopatch; verl_npu_autopatch.activate()"
+    seen = run_json(any_python, ONE_MODULE.format(before=activated), args=("-S",))
+    assert seen == [True, "retired", "retired", "inactive", "api"]
+    # the package shipped alone (no root module): its copy of the file is the one module
+    alone = tmp_path / "alone"
+    for package in ("verl_npu_autopatch", "packaging"):  # packaging: status reads version requirements
+        shutil.copytree(purelib / package, alone / package)
+    activated = f"sys.path.append({str(alone)!r}); import verl_npu_autopatch; verl_npu_autopatch.activate()"
+    root = "sys.modules['_verl_npu_autopatch_startup']"
+    code = ONE_MODULE.format(before=activated) + f"assert {root}.__file__.startswith({str(alone)!r})\n"
+    assert run_json(any_python, code, args=("-S",)) == [True, "retired", "retired", "inactive", "api"]
 
 
 def test_startup_imports_nothing_heavy(any_python: Path, tmp_path: Path) -> None:
@@ -109,12 +144,12 @@ live = sys.meta_path
 before = list(live)
 others = [f for f in before if not getattr(f, "verl_npu_autopatch_placeholder", False)]
 importlib.util.find_spec("vllm")  # the first watched name: take_over
-startup = sys.modules["_verl_npu_autopatch_startup"]
-replaced = live[0] is startup and live[1:] == before[1:] and sys.meta_path == [startup, *others]
+observer = sys.modules["_verl_npu_autopatch_startup"].OBSERVER
+replaced = live[0] is observer and live[1:] == before[1:] and sys.meta_path == [observer, *others]
 observing = sys.meta_path
-startup.uninstall_observer()
-left = observing[0] is startup and sys.meta_path == others
-print(json.dumps([before[0] is not startup, replaced, left]))
+observer.retire()
+left = observing[0] is observer and sys.meta_path == others
+print(json.dumps([before[0] is not observer, replaced, left]))
 """
     assert run_json(any_python, code, fixtures=False) == [True, True, True]
 
@@ -131,7 +166,7 @@ def test_a_pth_processed_again_after_the_observer_left_adds_no_observer(any_pyth
     code = f"""
 import importlib.util, json, site, sys
 importlib.util.find_spec("vllm")
-sys.modules["_verl_npu_autopatch_startup"].uninstall_observer()  # as at the end of an activation
+sys.modules["_verl_npu_autopatch_startup"].OBSERVER.retire()  # as at the end of an activation
 site.addsitedir({str(purelib)!r})
 again = {HOOKS}
 importlib.util.find_spec("transformers")
@@ -184,11 +219,11 @@ print(json.dumps(dict(status=r.status, reason=r.reason, trigger=r.trigger, heavy
     seen = run_json(any_python, code)
     assert (seen["status"], seen["trigger"], seen["heavy"], seen["hooks"]) == ("inactive", "vllm", [], [])
     assert "torch_npu is not installed" in seen["reason"]
-    assert seen["ours"] == [OBSERVER]
+    assert seen["ours"] == STARTUP_MODULE
     # a configuration that could change the decision is read (by _activation): inert all the same
     configured = run_json(any_python, code, env={"VERL_NPU_AUTOPATCH_DEVICE": "auto"})
     assert {**configured, "ours": []} == {**seen, "ours": []}
-    assert configured["ours"] == sorted([OBSERVER, *PACKAGE_ON_THE_INERT_PATH])
+    assert configured["ours"] == sorted([*STARTUP_MODULE, *PACKAGE_ON_THE_INERT_PATH])
 
 
 def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) -> None:
@@ -224,6 +259,7 @@ def test_source_install_and_uninstall(tmp_path: Path, base_python: Path, editabl
     pip = [str(python), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, *(["-e"] if editable else []), str(root)], check=True, capture_output=True)
     assert run_json(python, STAGES, fixtures=False)[2] == [OBSERVER]
+    assert run_json(python, ONE_MODULE.format(before="")) == [True, "retired", "retired", "inactive", "vllm"]
     location = run(python, "import verl_npu_autopatch; print(verl_npu_autopatch.__file__)", fixtures=False).stdout
     assert location.startswith(str(root / "src")) is editable
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "verl-npu-autopatch"], check=True)

@@ -35,7 +35,11 @@ def startup() -> dict[str, Any]:
         "pid": os.getpid(),
         "executable": sys.executable,
         "prefix": sys.prefix,
-        "hooks": [getattr(f, "__name__", "placeholder") for f in sys.meta_path if _start_up_hook(f)],
+        "hooks": [
+            "observer" if getattr(f, "verl_npu_autopatch_observer", False) else "placeholder"
+            for f in sys.meta_path
+            if _start_up_hook(f)
+        ],
         "startup_loaded": "_verl_npu_autopatch_startup" in sys.modules,
         "package_file": package_file,
         "installed_from": (direct_url or {}).get("url"),

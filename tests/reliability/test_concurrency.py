@@ -27,13 +27,12 @@ THREADS = 16
 RACE = """
 import json, sys, threading, time
 import verl_npu_autopatch
-from verl_npu_autopatch._config import startup
+from verl_npu_autopatch._startup import OBSERVER
 
 def activation_began():
     if any(getattr(f, "verl_npu_autopatch_placeholder", False) for f in sys.meta_path):
         return False  # the .pth line's placeholders: no watched import yet
-    observer = startup.installed_observer()  # guarding, or gone once activation is over
-    return observer is None or observer.find_spec is not observer.observe
+    return OBSERVER.mode == "guarding" or not OBSERVER.installed()  # guarding, or gone once activation is over
 
 barrier = threading.Barrier(THREADS)
 calls, errors, cpython_races = [], [], []

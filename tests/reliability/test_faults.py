@@ -283,11 +283,11 @@ def test_double_pth_run(base_python: Path) -> None:
 import site, sys
 exec(open({purelib + "/verl_npu_autopatch.pth"!r}).read())
 site.addsitedir({purelib!r})
-from verl_npu_autopatch._config import startup
+from verl_npu_autopatch import _startup as startup
 startup.install_observer(); startup.install_observer()
 hooks = [f for f in sys.meta_path if getattr(f, "verl_npu_autopatch_observer", False)
          or getattr(f, "verl_npu_autopatch_placeholder", False)]
-assert hooks == [startup], hooks
+assert hooks == [startup.OBSERVER], hooks
 import autopatch_test_plugin
 """
         + IMPORT

@@ -30,5 +30,5 @@ def test_the_catalogue_holds_every_public_module_of_patches_and_no_helper() -> N
 
 def test_the_miss_path_is_one_frozenset_lookup() -> None:
     assert type(startup.WATCHED) is frozenset
-    assert startup.observe("json") is None and startup.observe("torch") is None
-    assert startup.find_spec is startup.observe  # observing, not guarding, in this process
+    assert startup.OBSERVER.find_spec("json") is None and startup.OBSERVER.find_spec("torch") is None
+    assert startup.OBSERVER.mode != "guarding"  # no activation under way in this process
