@@ -1,5 +1,5 @@
 """The ``verl_npu_autopatch.pth`` line, rendered from the start-up module's ``WATCHED`` and the
-commented template below (never imported at start-up). ``tests/engine/test_pth_line.py`` checks
+commented template below (never imported at start-up). ``tests/unit/test_pth_line.py`` checks
 that the committed file is :func:`render`'s; after a change to ``WATCHED`` or the template:
 
     PYTHONPATH=src python3 -m verl_npu_autopatch._pth_line > verl_npu_autopatch.pth
