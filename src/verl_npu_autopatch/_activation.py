@@ -2,8 +2,8 @@
 module found the host plainly inert: decide from the configuration whether this host is inert,
 guard other threads' imports while the engine activates, activate it, and patch the package
 itself. Imported by the activating loader of the start-up module (outside the interpreter's
-global import lock) and by the engine; standard library only, light. Also what the engine asks of
-the observer (``Observer``) and the observer that does nothing (:class:`NullObserver`).
+global import lock), named by its ``WORK`` rather than imported (the start-up module is the bottom
+layer); it wakes the engine. Standard library only, light.
 
 While the engine activates, the observer *guards* imports (``Observer.guard``): every watched package
 and every submodule of a watched (or target) package that another thread imports waits in its
@@ -22,24 +22,11 @@ from verl_npu_autopatch._startup import NAME, OBSERVER, activating, real_spec, u
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
     from importlib.machinery import ModuleSpec
     from types import ModuleType
-    from typing import Any, Protocol
+    from typing import Any
 
     from verl_npu_autopatch._startup import Observer as StartupObserver
-
-    class Observer(Protocol):
-        """What the engine asks of the start-up observer (``_startup.Observer``): whether the
-        start-up hook is in place, which watched import found the host inert, guard imports while
-        activating, retire, observe again."""
-
-        woken_inert: str
-
-        def hooked(self) -> bool: ...
-        def guard(self, activator: int, packages: Iterable[str] | None = None) -> None: ...
-        def retire(self) -> None: ...
-        def observe_again(self, hooked: bool) -> None: ...
 
 
 def inert_here() -> bool:
@@ -132,48 +119,6 @@ def _standard_library(spec: "ModuleSpec") -> bool:
         return True
     stdlib = os.path.dirname(os.__file__) + os.sep
     return origin.startswith(stdlib) and "-packages" not in origin
-
-
-class NullObserver:
-    """An observer that does nothing: no start-up hook, nothing to guard, never woken inert. The
-    process's observer (``_startup.OBSERVER``) is the process-wide engine's alone; every other
-    engine (tests, tools) gets this one, so it never touches the process's start-up hook."""
-
-    woken_inert = ""
-
-    def hooked(self) -> bool:
-        return False
-
-    def guard(self, activator: int, packages: "Iterable[str] | None" = None) -> None:
-        pass
-
-    def retire(self) -> None:
-        pass
-
-    def observe_again(self, hooked: bool) -> None:
-        pass
-
-
-def blocked_on_us(activator: int) -> bool:
-    """Whether thread ``activator`` waits, through a chain of module locks, for one this thread
-    holds (read from the import system's own deadlock bookkeeping, ``_blocking_on``; ``False``
-    where it is not there): an import held for the activation must then go on, or deadlock."""
-    try:
-        blocking = getattr(sys.modules.get("_frozen_importlib"), "_blocking_on", None)
-        me, seen = _thread.get_ident(), set()
-        thread: int | None = activator
-        while blocking and thread not in seen:
-            seen.add(thread)
-            locks = blocking.get(thread)
-            if locks is None:
-                return False
-            owners = [getattr(lock, "owner", None) for lock in (locks if isinstance(locks, list) else [locks])]
-            if me in owners:
-                return True
-            thread = next((owner for owner in owners if owner is not None), None)
-        return False
-    except Exception:  # private CPython bookkeeping whose shape may change: then no deadlock is seen
-        return False
 
 
 def after_fork_in_child() -> None:

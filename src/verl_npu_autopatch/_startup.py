@@ -28,6 +28,12 @@ WATCHED = frozenset(
     {"vllm", "vllm_ascend", "transformers", "liger_kernel", "verl", "tensordict", "torch_npu", "megatron"}
 )
 
+#: The module the activating loader hands its work to (``create_module``, ``exec_module``, the
+#: guarding rule ``held``, the fork handler), named, never imported by an import statement: this is
+#: the bottom layer (the ``.pth`` line names it the same way), and nothing of the package is loaded
+#: until a watched import needs it. ``tests/unit/test_layout.py`` checks the name.
+WORK = "verl_npu_autopatch._activation"
+
 #: The on/off words of every boolean variable (any case, surrounding spaces ignored).
 TRUE = frozenset({"1", "true", "yes", "on", "y", "t", "enable", "enabled"})
 FALSE = frozenset({"0", "false", "no", "off", "n", "f", "disable", "disabled", "none", "never"})
@@ -130,8 +136,8 @@ class Observer:
             return None if spec is None else activating(spec, None)
         if self.mode != "guarding":
             return None
-        activation = sys.modules.get("verl_npu_autopatch._activation")
-        return None if activation is None else activation.held(self, fullname, path, target)
+        work = sys.modules.get(WORK)
+        return None if work is None else work.held(self, fullname, path, target)
 
     def installed(self) -> bool:
         """This observer is on ``sys.meta_path``."""
@@ -235,7 +241,7 @@ def _fork_safe():
 
 
 def _after_fork_in_child():
-    getattr(sys.modules.get("verl_npu_autopatch._activation"), "after_fork_in_child", lambda: None)()
+    getattr(sys.modules.get(WORK), "after_fork_in_child", lambda: None)()
 
 
 def activating(spec, waits_for):
@@ -276,6 +282,12 @@ def _namespace_loader(spec):
         return None
 
 
+def _work():
+    """The module :data:`WORK` names, imported if it is not yet."""
+    __import__(WORK)
+    return sys.modules[WORK]
+
+
 class ActivatingLoader:
     """Wraps a watched package's (or a guarded module's) loader; other attributes pass through."""
 
@@ -296,12 +308,12 @@ class ActivatingLoader:
             OBSERVER.fall_inert(spec.name)
         else:
             try:
-                from verl_npu_autopatch import _activation
+                work = _work()
             except Exception:  # a broken install: the observer leaves, the package loads untouched
                 OBSERVER.retire()
                 self.broken = True
             else:
-                return _activation.create_module(self, spec)
+                return work.create_module(self, spec)
         create = getattr(self.loader, "create_module", None)
         return create(spec) if create is not None else None
 
@@ -314,9 +326,7 @@ class ActivatingLoader:
                 if getattr(module, "__spec__", None) is not None:
                     module.__spec__.loader = self.loader
                 return self.loader.exec_module(module)
-            from verl_npu_autopatch import _activation
-
-            return _activation.exec_module(self, module)
+            return _work().exec_module(self, module)
         except BaseException as exc:
             unframed(exc, ActivatingLoader.exec_module.__code__)
             raise

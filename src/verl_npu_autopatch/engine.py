@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import _thread
 
-from verl_npu_autopatch import _activation, _environment, _gates, _logging
+from verl_npu_autopatch import _environment, _gates, _logging
 from verl_npu_autopatch._config import Config, read_config
 from verl_npu_autopatch._hooks import Hooks
+from verl_npu_autopatch._import_locks import blocked_on_us
 from verl_npu_autopatch._installed import Installed
 from verl_npu_autopatch._logging import LOGGER_NAME
+from verl_npu_autopatch._observer import NullObserver
 from verl_npu_autopatch._startup import OBSERVER
 
 TYPE_CHECKING = False
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from verl_npu_autopatch._activation import Observer
+    from verl_npu_autopatch._observer import Observer
     from verl_npu_autopatch._slots import Slot
     from verl_npu_autopatch.records import EngineStatus, Record, RecordState, Report
     from verl_npu_autopatch.spec import Patch
@@ -54,7 +56,7 @@ class Engine:
 
     ``catalogue`` and ``config`` default to the built-in catalogue (plus entry points) and the
     environment; tests pass their own. ``observer`` is the process's start-up observer, given to
-    the process-wide engine alone (by default an ``_activation.NullObserver``). Each patch has one
+    the process-wide engine alone (by default a ``_observer.NullObserver``). Each patch has one
     :class:`~._slots.Slot`; the engine itself passes as ``site.engine``, the
     :class:`~verl_npu_autopatch.handover.HandOver` of patch families that arbitrate with other
     patches (it forwards those calls to its :class:`~._installed.Installed`).
@@ -65,7 +67,7 @@ class Engine:
     ) -> None:
         self._catalogue = catalogue
         self._given_config = self._config = config
-        self._observer: Observer = observer or _activation.NullObserver()
+        self._observer: Observer = observer or NullObserver()
         self._lock = _thread.RLock()  # records and claims; held only briefly, never across imports
         self._activation_lock = _thread.RLock()
         self.status: EngineStatus = "not-activated"
@@ -198,7 +200,7 @@ class Engine:
         for _ in range(int(_WAIT_LIMIT_S / 0.05)):
             if lock.acquire(timeout=0.05):
                 return True
-            if _activation.blocked_on_us(self._activator):
+            if blocked_on_us(self._activator):
                 return False
         _logging.logger().warning("waited %g s for the activation in another thread; going on unguarded", _WAIT_LIMIT_S)
         return False

@@ -158,13 +158,11 @@ def test_the_where_things_live_map_names_every_module_and_imports_point_down_it(
     modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__", "_version"}
     assert modules - listed == set(), "docs/index.md 'Where things live' misses modules"
     row_of = {name: i for i, row in enumerate(rows) for name in row}
-    # the wake-up chain, lazily at the first watched import: start-up -> activation -> engine
-    wake_up = {("_startup", "_activation"), ("_activation", "engine")}
     upward = [
         f"{module} -> {imported}"
         for module in sorted(modules)
         for imported in sorted(_package_imports(PACKAGE / f"{module}.py") & set(row_of))
-        if row_of[imported] < row_of[module] and (module, imported) not in wake_up
+        if row_of[imported] < row_of[module]
     ]
     assert upward == []
 
@@ -203,14 +201,6 @@ def test_a_plainly_inert_host_is_inert_by_the_one_device_decision(monkeypatch: p
 
 # --------------------------------------------------------------------------- the import graph (issue 24)
 FAMILIES_DIR = PACKAGE / "patches"
-#: The one import cycle by design (docs/index.md, "Where things live"): the wake-up chain, imported
-#: lazily at the first watched import so that start-up loads no module. Each edge points up a row,
-#: and each lower module imports its way back (the engine reads ``_activation``'s decision,
-#: ``_config`` reads the start-up module's on/off parser). Edge -> why it is there.
-WAKE_UP = {
-    ("verl_npu_autopatch._startup", "verl_npu_autopatch._activation"): "the activating loader hands over its work",
-    ("verl_npu_autopatch._activation", "verl_npu_autopatch.engine"): "activation starts the engine (host not inert)",
-}
 
 
 def _module_name(path: Path) -> str:
@@ -269,13 +259,19 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def test_no_import_cycle_but_the_documented_wake_up_chain() -> None:
-    graph = _import_graph()
-    assert [edge for edge in WAKE_UP if edge[1] not in graph[edge[0]]] == []  # gone: drop it from WAKE_UP
-    chain = {module for edge in WAKE_UP for module in edge}
-    assert [chain <= cycle for cycle in _cycles(graph)] == [True]  # the chain is the one cycle there is
-    without = {module: edges - {b for a, b in WAKE_UP if a == module} for module, edges in graph.items()}
-    assert _cycles(without) == []
+def test_no_import_cycle() -> None:
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_start_up_module_names_the_work_it_hands_over_to() -> None:
+    # the one call up from the bottom layer goes by name (no import statement, no edge above):
+    # the name must be the module that holds the activating loader's work
+    from verl_npu_autopatch import _activation, _startup
+
+    assert _activation.__name__ == _startup.WORK
+    assert all(callable(getattr(_activation, name)) for name in ("create_module", "exec_module", "held"))
+    assert callable(_activation.after_fork_in_child)
+    assert "verl_npu_autopatch._activation" not in _import_graph()["verl_npu_autopatch._startup"]
 
 
 def test_no_family_module_imports_another_and_helpers_import_no_family() -> None:

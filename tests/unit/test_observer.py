@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from verl_npu_autopatch import _startup, engine
-from verl_npu_autopatch._activation import NullObserver
 from verl_npu_autopatch._config import Config
+from verl_npu_autopatch._observer import NullObserver
 
 
 class RecordingObserver(NullObserver):
