@@ -199,6 +199,7 @@ class Observer:
         run) every module until the catalogue is known (``packages`` is ``None``), then the
         watched packages plus ``packages`` (the other target packages)."""
         try:
+            _work()  # the guarding rule (``held``) and the fork handler live there: loaded first
             _fork_safe()
             self.observe()
             self.activator = activator

@@ -104,3 +104,25 @@ def test_the_guarding_mode_holds_other_threads_modules_of_the_gated_packages(mon
     finally:
         observer.retire()
     assert observer.mode == "retired" and not observer.installed()
+
+
+def test_guarding_loads_the_module_that_holds_its_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an activation by activate() runs no activating loader, so nothing has loaded the module the
+    # start-up module hands its work to (WORK), where the guarding rule lives: guard() loads it,
+    # or other threads' imports of target packages would go through unheld
+    import verl_npu_autopatch
+
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not _startup.is_hook(f)])
+    monkeypatch.delitem(sys.modules, _startup.WORK)
+    monkeypatch.delattr(verl_npu_autopatch, "_activation", raising=False)
+    observer = _startup.Observer()
+    observer.guard(_thread.get_ident(), ["pytest"])
+    try:
+        assert _startup.WORK in sys.modules
+        seen: list[Any] = []
+        worker = threading.Thread(target=lambda: seen.append(observer.find_spec("pytest")))
+        worker.start()
+        worker.join()
+        assert seen[0] is not None and seen[0].loader.waits_for == "pytest"
+    finally:
+        observer.retire()
