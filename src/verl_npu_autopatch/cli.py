@@ -65,6 +65,7 @@ def touches(patch: Patch) -> list[str]:
     lines = [_with_requires(t) for t in patch.targets]
     lines += [f"triggered by {_with_requires(t)}" for t in patch.triggers]
     lines += [f"also changes {t}" for t in patch.secondary]
+    lines += [f"also changes {sites} (found in the live module)" for sites in patch.computed]
     if patch.static is not None:
         lines.append("decision table reads " + ", ".join(patch.static.reads))
     return lines
@@ -202,11 +203,13 @@ def catalogue_data() -> list[dict[str, Any]]:
 
 def _markdown_site(line: str) -> str:
     """One line of :func:`touches` in the catalogue table: places and files as code."""
+    line, found, note = line.partition(" (found in")
+    note = found + note
     for label in ("triggered by ", "also changes ", "decision table reads "):
         if line.startswith(label):
             items = line[len(label) :].split(", ") if label.endswith("reads ") else [line[len(label) :]]
-            return label + ", ".join(f"`{item}`" for item in items)
-    return f"`{line}`"
+            return label + ", ".join(f"`{item}`" for item in items) + note
+    return f"`{line}`{note}"
 
 
 def catalogue_markdown(entries: list[dict[str, Any]]) -> str:

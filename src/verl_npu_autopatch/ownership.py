@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
 
-from verl_npu_autopatch.patching import marked_by, origin
+from verl_npu_autopatch.patching import ABSENT, marked_by, origin
 from verl_npu_autopatch.spec import Patch, Site, Target
 
 TYPE_CHECKING = False
@@ -33,6 +33,7 @@ __all__ = [
     "Checks",
     "Installation",
     "ReloadWatcher",
+    "declared_values",
     "detect",
     "enclosing_owner",
     "installation",
@@ -40,6 +41,7 @@ __all__ = [
     "lookup",
     "missing",
     "reached_through_target",
+    "site_value",
     "verify",
     "via_targets",
     "yielded_reason",
@@ -62,8 +64,9 @@ Checks = Literal["ours", "through", "reload"]
 @dataclass
 class Installation:
     """What an applied patch left where: ``owner.attribute`` holding ``value`` on ``module`` (as
-    executed under ``spec``; ``checks`` says what verification expects of it), and the raw value
-    of each enclosing callable it is reached through."""
+    executed under ``spec``; ``checks`` says what verification expects of it), the raw value
+    of each enclosing callable it is reached through, and the value it left at each further
+    declared site it changed (``also``, keyed ``module:path``: :func:`declared_values`)."""
 
     target: Target
     module: ModuleType
@@ -74,6 +77,7 @@ class Installation:
     reason: str
     via: dict[Target, Any] = field(default_factory=dict)
     checks: Checks = "ours"
+    also: dict[str, Any] = field(default_factory=dict)
 
 
 def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
@@ -110,6 +114,32 @@ def _walk(module: ModuleType, qualname: str) -> tuple[Any, Any] | str:
             return f"{'.'.join(parts[: depth + 1])} (NoneType) has no attribute {parts[depth + 1]!r}"
         return "attribute is None"
     raise AssertionError("unreachable: a qualname has at least one part")
+
+
+def site_value(module: ModuleType, path: str) -> Any:
+    """The raw live value at ``path`` in ``module``: a dotted attribute path, or ``NAME[key]`` for
+    an entry of the dict ``module.NAME``; :data:`ABSENT` when there is none."""
+    name, bracket, key = path.partition("[")
+    if bracket:
+        table = getattr(module, name, None)
+        return table.get(key[:-1], ABSENT) if isinstance(table, dict) else ABSENT
+    found = lookup(module, path)
+    return ABSENT if found is None else found[1]
+
+
+def declared_values(patch: Patch) -> dict[str, Any]:
+    """Each further site ``patch`` declares (``secondary``, and ``computed`` from the live module)
+    -> its raw live value, keyed ``module:path``; a site whose module is not imported is left out."""
+    values = {}
+    for target in patch.secondary:
+        module = sys.modules.get(target.module)
+        if module is not None:
+            values[str(target)] = site_value(module, target.qualname)
+    for family in patch.computed:
+        live = sys.modules.get(family.module)
+        if live is not None:
+            values.update({f"{family.module}:{path}": site_value(live, path) for path in family.find(live)})
+    return values
 
 
 def _lookup_in(target: Target, module: ModuleType) -> tuple[Any, Any] | None:
@@ -160,7 +190,9 @@ def installation(site: Site, reason: str, undo: Any = None) -> Installation:
         if enclosing is not None:
             via[target] = enclosing[1]
     spec = getattr(site.module, "__spec__", None)
-    return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks)
+    name = site.patch.name
+    also = {where: v for where, v in declared_values(site.patch).items() if marked_by(v) == name}
+    return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks, also)
 
 
 def verify(patch: Patch, versions: dict, installed: Installation, engine: HandOver | None) -> tuple[RecordState, str]:
@@ -184,6 +216,9 @@ def verify(patch: Patch, versions: dict, installed: Installation, engine: HandOv
         if other:
             return "yielded", f"target owned by {other}"
         return "superseded", f"replaced by {origin(value)}"
+    displaced = _displaced_site(patch, versions, installed, engine)
+    if displaced is not None:
+        return displaced
     for target, before in installed.via.items():
         enclosing = _lookup_in(target, live)
         if enclosing is None:
@@ -198,6 +233,30 @@ def verify(patch: Patch, versions: dict, installed: Installation, engine: HandOv
             return "yielded", f"target owned by {other} (only reached through {target.qualname})"
         return "superseded", f"only reached through {target.qualname}, now {origin(value)}"
     return "applied", installed.reason
+
+
+def _displaced_site(
+    patch: Patch, versions: dict, installed: Installation, engine: HandOver | None
+) -> tuple[RecordState, str] | None:
+    """``(state, reason)`` when a further declared site the fix changed no longer holds our
+    value (another owner's: ``yielded`` when a detector recognises it), else ``None``."""
+    for where, before in installed.also.items():
+        module_name, _, path = where.partition(":")
+        module = sys.modules.get(module_name)
+        value = ABSENT if module is None else site_value(module, path)
+        if value is before or is_ours(value):
+            continue
+        if module is None or value is ABSENT:
+            return "superseded", f"also changes {where}, which no longer exists"
+        found = lookup(module, path) if "[" not in path else None
+        if found is not None:
+            target = Target(module_name, path)
+            site = Site(patch, target, module, found[0], path.rpartition(".")[2], value, dict(versions), engine)
+            other = detect(patch, site)
+            if other:
+                return "yielded", f"target owned by {other} (also changes {where})"
+        return "superseded", f"also changes {where}, now {origin(value)}"
+    return None
 
 
 def enclosing_owner(patch: Patch, site: Site) -> str | None:

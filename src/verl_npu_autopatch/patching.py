@@ -25,6 +25,7 @@ __all__ = [
     "parameter_names",
     "replace_method",
     "set_attribute",
+    "set_entry",
     "set_marked",
     "signature_text",
     "statements",
@@ -95,6 +96,19 @@ def set_attribute(owner: Any, name: str, value: Any, original: Any = _READ) -> U
 def set_marked(owner: Any, name: str, value: Any, patch_name: str, original: Any = _READ) -> Undo:
     """:func:`set_attribute` of ``value`` marked as installed by ``patch_name`` (:func:`mark`)."""
     return set_attribute(owner, name, mark(value, patch_name), original)
+
+
+def set_entry(table: dict, key: Any, value: Any) -> Undo:
+    """Set ``table[key] = value`` (a dispatch table's entry) and return an undo that puts back
+    what was there, only while ``value`` is still in place."""
+    original = table[key]
+    table[key] = value
+
+    def undo() -> None:
+        if table.get(key) is value:
+            table[key] = original
+
+    return undo
 
 
 def chain(*undos: Undo) -> Undo:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APPLY",
+    "ComputedSites",
     "Device",
     "Patch",
     "Site",
@@ -97,6 +98,21 @@ class StaticRule:
 
 
 @dataclass(frozen=True)
+class ComputedSites:
+    """A family of further sites a fix changes, known only from the live module: ``find(module)``
+    names them in ``module`` (the imported module called ``module``), each an attribute path
+    (``"apply_liger_kernel_to_qwen3"``) or a dict entry (``"MODEL_TYPE_TO_APPLY_LIGER_FN[qwen3]"``);
+    ``pattern`` is how ``list``, ``status`` and docs/patches.md show the family."""
+
+    module: str
+    pattern: str
+    find: Callable[[ModuleType], tuple[str, ...]]
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.pattern}"
+
+
+@dataclass(frozen=True)
 class Site:
     """The live target a patch is about to check and fix.
 
@@ -149,6 +165,7 @@ class Patch:
     via: tuple[Target, ...] = ()
     triggers: tuple[Target, ...] = ()
     secondary: tuple[Target, ...] = ()
+    computed: tuple[ComputedSites, ...] = ()
     static: StaticRule | None = None
 
     def __post_init__(self) -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.children import run
-from verl_npu_autopatch import catalog, cli
+from verl_npu_autopatch import catalog, cli, ownership
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patches import ascend_capture, vllm_engine
-from verl_npu_autopatch.patching import marked_by, set_attribute
-from verl_npu_autopatch.spec import APPLY, Patch, StaticRule, Target
+from verl_npu_autopatch.patching import chain, mark, marked_by, set_attribute, set_entry, set_marked
+from verl_npu_autopatch.spec import APPLY, ComputedSites, Patch, StaticRule, Target
 
 TRIGGER = "autopatch_decl_trigger"
 CHANGED = "autopatch_decl_changed"
@@ -175,3 +175,74 @@ def test_every_builtin_patch_without_a_check_says_why() -> None:
     assert {name: verify.not_numeric(name) for name in others if verify.not_numeric(name) == fallback} == {}
     # a check and a reason for the same patch would contradict each other
     assert [key for key in verify.NOT_NUMERIC if key in checked] == []
+
+
+def _changing_everywhere(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleType, Patch]:
+    """A module with a class and a dispatch table, and a patch whose fix replaces the target,
+    a secondary site and each table entry (the sites declared by ``computed``)."""
+    module = types.ModuleType(CHANGED)
+    module.Layer = type("Layer", (), {"forward": lambda self: "up", "backward": lambda self: "up"})
+    module.TABLE = {"a": lambda: "up", "b": lambda: "up"}
+    monkeypatch.setitem(sys.modules, CHANGED, module)
+
+    def fix(site):
+        undos = [
+            set_marked(module.Layer, name, lambda self: "ours", "test.everywhere") for name in ("forward", "backward")
+        ]
+        undos += [set_entry(module.TABLE, key, mark(lambda: "ours", "test.everywhere")) for key in list(module.TABLE)]
+        return chain(*undos)
+
+    patch = Patch(
+        "test.everywhere",
+        "Changes a target, a secondary site and the entries of a table.",
+        targets=(Target(CHANGED, "Layer.forward"),),
+        secondary=(Target(CHANGED, "Layer.backward"),),
+        computed=(ComputedSites(CHANGED, "TABLE[<key>]", lambda live: tuple(f"TABLE[{k}]" for k in live.TABLE)),),
+        fix=fix,
+        device="any",
+    )
+    return module, patch
+
+
+def test_a_computed_site_is_declared_and_its_displacement_supersedes_the_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module, patch = _changing_everywhere(monkeypatch)
+    assert cli.touches(patch)[1:] == [
+        f"also changes {CHANGED}:Layer.backward",
+        f"also changes {CHANGED}:TABLE[<key>] (found in the live module)",
+    ]
+    assert f"also changes `{CHANGED}:TABLE[<key>]` (found in the live module)" in cli._markdown_site(
+        cli.touches(patch)[2]
+    )
+    engine = Engine([patch], Config(device="npu"))
+    engine.activate("test")
+    try:
+        assert engine.report().records[0].state == "applied"
+        assert set(ownership.declared_values(patch)) == {
+            f"{CHANGED}:Layer.backward",
+            f"{CHANGED}:TABLE[a]",
+            f"{CHANGED}:TABLE[b]",
+        }
+        other = module.TABLE["b"] = lambda: "another owner's"
+        (record,) = engine.report().records
+        assert (record.state, record.reason.split(", now")[0]) == ("superseded", f"also changes {CHANGED}:TABLE[b]")
+        assert engine.revert() == [] and module.TABLE["b"] is other  # the later owner is never clobbered
+        assert marked_by(module.Layer.__dict__["backward"]) == "test.everywhere"
+    finally:
+        engine.settle(engine.pending_modules())
+
+
+def test_undo_restores_every_declared_site(monkeypatch: pytest.MonkeyPatch) -> None:
+    module, patch = _changing_everywhere(monkeypatch)
+    before = {
+        "forward": module.Layer.__dict__["forward"],
+        "backward": module.Layer.__dict__["backward"],
+        **module.TABLE,
+    }
+    engine = Engine([patch], Config(device="npu"))
+    engine.activate("test")
+    assert all(marked_by(v) == patch.name for v in ownership.declared_values(patch).values())
+    assert engine.revert() == ["test.everywhere"]
+    after = {"forward": module.Layer.__dict__["forward"], "backward": module.Layer.__dict__["backward"], **module.TABLE}
+    assert after == before

@@ -32,9 +32,9 @@ from verl_npu_autopatch.ownership import lookup
 from verl_npu_autopatch.patches._transformers_models import MODELS, kinds, patch_name
 from verl_npu_autopatch.patches._transformers_owners import from_package
 from verl_npu_autopatch.patches._transformers_table import KERNELS
-from verl_npu_autopatch.patching import chain, marked_by, parameter_names, set_marked, signature_text
+from verl_npu_autopatch.patching import chain, marked_by, parameter_names, set_entry, set_marked, signature_text
 from verl_npu_autopatch.patching import definition as parsed_definition
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
+from verl_npu_autopatch.spec import APPLY, ComputedSites, Patch, Site, Target, Undo, Verdict, unsupported
 
 NAME = "liger.arbitration"
 MODULE = "liger_kernel.transformers.monkey_patch"
@@ -55,6 +55,16 @@ def _apply_functions(module: Any) -> dict[str, Callable]:
         if callable(fn):
             found[family] = fn
     return found
+
+
+def rebound_sites(module: Any) -> tuple[str, ...]:
+    """What :func:`_fix` rebinds besides its target, in the live ``module``: the apply function of
+    each of our families, and each dispatch-table entry holding one of them (upstream's or ours)."""
+    functions = _apply_functions(module)
+    ours = {id(fn) for fn in functions.values()}
+    table = getattr(module, TABLE, None)
+    entries = [key for key, fn in table.items() if id(fn) in ours] if isinstance(table, dict) else []
+    return (*(f"apply_liger_kernel_to_{family}" for family in functions), *(f"{TABLE}[{key}]" for key in entries))
 
 
 def _check(site: Site) -> Verdict:
@@ -214,21 +224,12 @@ def _fix(site: Site) -> Undo:
     for key, entry in list(table.items()):
         replacement = wrapped.get(id(entry))
         if replacement is not None:
-            table[key] = replacement
-            undos.append(_table_undo(table, key, entry, replacement))
+            undos.append(set_entry(table, key, replacement))
     for dispatcher in DISPATCHERS:
         live = getattr(module, dispatcher, None)
         if callable(live) and marked_by(live) != name:
             undos.append(set_marked(module, dispatcher, _wrap_dispatcher(live), name))
     return chain(*undos)
-
-
-def _table_undo(table: dict, key: str, original: Callable, wrapper: Callable) -> Undo:
-    def undo() -> None:
-        if table.get(key) is wrapper:
-            table[key] = original
-
-    return undo
 
 
 PATCHES: list[Patch] = [
@@ -238,6 +239,8 @@ PATCHES: list[Patch] = [
         reference="https://github.com/verl-project/verl/pull/6244",
         groups=("transformers", "liger"),
         targets=(Target(MODULE, DISPATCHERS[0]),),
+        secondary=(Target(MODULE, DISPATCHERS[1]),),
+        computed=(ComputedSites(MODULE, f"apply_liger_kernel_to_<family>, {TABLE}[<model type>]", rebound_sites),),
         requires=("liger-kernel",),
         device="npu-device",
         default=True,
