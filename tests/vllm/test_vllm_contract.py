@@ -1,0 +1,26 @@
+"""The patch contract (``tests/support/contract.py``) for every built-in patch whose target imports
+in this suite's environment, on the real upstream modules."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import contract
+from verl_npu_autopatch.spec import Patch
+
+LIVE = contract.live_patches()
+
+
+@pytest.mark.parametrize("patch", LIVE, ids=lambda patch: patch.name)
+def test_the_patch_keeps_its_contract(patch: Patch) -> None:
+    contract.check_contract(patch)
+
+
+def test_what_each_vllm_patch_decides_on_this_vllm() -> None:
+    """vLLM 0.32 ships the rotary guard and the partial wake-up fix; the MoE weight loader applies."""
+    decided = {p.name: contract.check_contract(p).state for p in LIVE if "vllm" in p.groups}
+    assert decided == {
+        "vllm.moe_weight_loader": "applied",
+        "vllm.rotary_flash_attn_guard": "fixed-upstream",
+        "vllm.engine_partial_wake_up": "fixed-upstream",
+    }
