@@ -1,0 +1,223 @@
+"""Every family's pure rule on literal inputs: the decision a check (live) and the compatibility
+table (a release's source) share, without any upstream package. Sources are written as
+``Code`` holds them: whitespace removed."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Callable
+
+import pytest
+
+from verl_npu_autopatch.patches import (
+    _glm52_rules,
+    ascend_camem,
+    ascend_capture,
+    liger,
+    megatron_mtp,
+    tensordict_sync,
+    torch_npu_nested,
+    transformers_deepstack,
+    vllm_engine,
+    vllm_moe,
+    vllm_rotary,
+)
+from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.spec import Verdict
+
+SLEEP = ("self", "offload_tags")
+UNMAP = "forptrinself.pointer_to_data:unmap_and_release(handle)"
+POSTPROCESS = "def_postprocess(self,hidden_states,labels):"
+SYNC_09 = "def_sync_all(self):ifself._has_cuda:torch.cuda.synchronize()elifself._has_mps:torch.mps.synchronize()"
+WAKE = (
+    'defwake_up(self,tags=None):iftagsisnotNoneand"scheduling"intags:tags=[tfortintagsift!="scheduling"]'
+    "iftagsisNoneortags:self.model_executor.wake_up(tags)self.resume_scheduler()"
+)
+DUMMY = "defexecute_dummy_batch(self):self.model_executor.execute_dummy_batch()"
+LOOP = "defrun_busy_loop(self):whileTrue:self.execute_dummy_batch()"
+CAPTURE = Code("defcapture(self,layer_id,topk_ids):...", ("self", "layer_id", "topk_ids"))
+POST = ("sfa_impl", "q_li", "q_li_scale", "q_li_shape_ori", "weights")
+IMPL = "weights=kw[:,self.head_dim:]DeviceOperator.indexer_select_post_process(self,q,s,shape,weights)"
+DEEPSTACK = ("self", "hidden_states", "visual_pos_masks", "visual_embeds")
+
+
+def _rotary(body: str) -> list[ast.stmt]:
+    return ast.parse(textwrap.dedent(body)).body
+
+
+ROTARY_BODY = """
+    super().__init__(enforce_enable)
+    self.is_neox_style = is_neox_style
+    self.enable_fp32_compute = enable_fp32_compute
+    if find_spec("flash_attn") is not None:
+        from flash_attn.ops.triton.rotary import apply_rotary
+
+        self.apply_rotary_emb_flash_attn = apply_rotary
+"""
+ROTARY_GUARDED = """
+    super().__init__(enforce_enable)
+    self.is_neox_style = is_neox_style
+    self.enable_fp32_compute = enable_fp32_compute
+    with suppress(ModuleNotFoundError):
+        from flash_attn.ops.triton.rotary import apply_rotary
+"""
+
+CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
+    # ascend.camem_sleep_sync
+    "camem: unmap without sync": (lambda: ascend_camem.camem_rule(Code(f"defsleep(){UNMAP}", SLEEP)), "apply"),
+    "camem: sync before unmap": (
+        lambda: ascend_camem.camem_rule(Code(f"defsleep():torch.npu.synchronize(){UNMAP}", SLEEP)),
+        "fixed-upstream",
+    ),
+    "camem: other parameters": (lambda: ascend_camem.camem_rule(Code(UNMAP, ("self",))), "unsupported"),
+    "camem: no unmap": (lambda: ascend_camem.camem_rule(Code("defsleep():pass", SLEEP)), "unsupported"),
+    # megatron.mtp_postprocess
+    "mtp: 0.16 not-None guard": (
+        lambda: megatron_mtp.postprocess_rule(
+            Code(f"{POSTPROCESS}ifself.config.mtp_num_layersisnotNone:x=labels.clone()", None)
+        ),
+        "apply",
+    ),
+    "mtp: 0.17 truth test": (
+        lambda: megatron_mtp.postprocess_rule(Code(f"{POSTPROCESS}ifself.config.mtp_num_layers:x=1", None)),
+        "fixed-upstream",
+    ),
+    "mtp: 0.15 mtp_process": (
+        lambda: megatron_mtp.postprocess_rule(Code(f"{POSTPROCESS}ifself.mtp_process:x=1", None)),
+        "unsupported",
+    ),
+    # tensordict.npu_sync
+    "tensordict: 0.9 CUDA/MPS only": (lambda: tensordict_sync.sync_rule(Code(SYNC_09, ("self",))), "apply"),
+    "tensordict: 0.10 generic": (
+        lambda: tensordict_sync.sync_rule(
+            Code("def_sync_all(self):m=_get_device_module(_get_available_device_type())m.synchronize()", ("self",))
+        ),
+        "fixed-upstream",
+    ),
+    "tensordict: another body": (lambda: tensordict_sync.sync_rule(Code("pass", ("self",))), "unsupported"),
+    # vllm.engine_partial_wake_up
+    "engine: both needed": (
+        lambda: vllm_engine.partial_wake_up_rule(Code(WAKE, ("self", "tags")), Code(DUMMY, ("self",)), Code(LOOP, ())),
+        "apply",
+    ),
+    "engine: wake_up fixed upstream": (
+        lambda: vllm_engine.wake_up_state(
+            Code("defwake_up(self,tags=None):ifnotself.model_executor.is_sleeping:self.resume_scheduler()", ("self",))
+        ),
+        "fixed",
+    ),
+    "engine: dummy batch fixed upstream": (
+        lambda: vllm_engine.dummy_batch_state(
+            Code(DUMMY, ("self",)),
+            Code("ifnotself.model_executor.is_sleeping:self.execute_dummy_batch()", ()),
+        ),
+        "fixed",
+    ),
+    "engine: unknown wake_up": (
+        lambda: vllm_engine.partial_wake_up_rule(Code("pass", ("self", "tags")), None, None),
+        "unsupported",
+    ),
+    # ascend.routed_experts_capture
+    "capture: conditional import": (
+        lambda: ascend_capture.capture_rule(CAPTURE, f"if not main2main:\n    import {ascend_capture.CAPTURE}\n"),
+        "apply",
+    ),
+    "capture: unconditional import": (
+        lambda: ascend_capture.capture_rule(CAPTURE, f"import {ascend_capture.CAPTURE}\n"),
+        "fixed-upstream",
+    ),
+    "capture: already imported": (lambda: ascend_capture.capture_rule(CAPTURE, None, True), "fixed-upstream"),
+    "capture: no module": (lambda: ascend_capture.capture_rule(None, None), "unsupported"),
+    # ascend.rms_norm_residual, ascend.sfa_keep_kv_b_proj, ascend.sfa_indexer_scale (_glm52_rules)
+    "rms_norm: fused add": (
+        lambda: _glm52_rules.rms_norm_rule(Code("torch_npu.npu_add_rms_norm(x,residual,w)", ("self", "x", "residual"))),
+        "apply",
+    ),
+    "rms_norm: explicit residual": (
+        lambda: _glm52_rules.rms_norm_rule(
+            Code("residual=x+residualtorch_npu.npu_rms_norm(residual,self.weight)", ("self", "x", "residual"))
+        ),
+        "fixed-upstream",
+    ),
+    "kv_b_proj: disposed": (
+        lambda: _glm52_rules.kv_b_proj_rule(Code("dispose_layer(self.kv_b_proj)", ("self", "act_dtype")), True),
+        "apply",
+    ),
+    "kv_b_proj: kept in RL mode, which is on": (
+        lambda: _glm52_rules.kv_b_proj_rule(Code(_glm52_rules.RL_KEEPS, ("self", "act_dtype")), True, True),
+        "fixed-upstream",
+    ),
+    "kv_b_proj: no dispose_layer global": (
+        lambda: _glm52_rules.kv_b_proj_rule(Code("dispose_layer(self.kv_b_proj)", ("self", "act_dtype")), False),
+        "unsupported",
+    ),
+    "indexer: unscaled weights": (lambda: _glm52_rules.indexer_rule(Code("", POST), Code(IMPL, ())), "apply"),
+    "indexer: already scaled": (
+        lambda: _glm52_rules.indexer_rule(Code("", POST), Code("w=w*n_head**-0.5*head_dim**-0.5", ())),
+        "fixed-upstream",
+    ),
+    "indexer backend: unscaled kw": (
+        lambda: _glm52_rules.indexer_backend_rule(
+            Code("", POST[1:]), Code(f"weights=kw[:,self.head_dim:]{_glm52_rules.BACKEND_CALL}x)", ()), None
+        ),
+        "apply",
+    ),
+    # torch_npu.nested_tensor_intercept
+    "nested: intercepted": (lambda: torch_npu_nested.nested_rule({"a": "intercept", "b": "plain"}), "apply"),
+    "nested: torch's own": (lambda: torch_npu_nested.nested_rule({"a": "plain", "b": "ours"}), "fixed-upstream"),
+    "nested: someone else's": (lambda: torch_npu_nested.nested_rule({"a": "foreign", "b": "plain"}), "unsupported"),
+    # transformers.*.deepstack_clone
+    "deepstack: in-place write": (
+        lambda: transformers_deepstack.deepstack_rule(Code(transformers_deepstack.IN_PLACE, DEEPSTACK)),
+        "apply",
+    ),
+    "deepstack: cloned": (
+        lambda: transformers_deepstack.deepstack_rule(Code(transformers_deepstack.CLONED, DEEPSTACK)),
+        "fixed-upstream",
+    ),
+    # vllm.moe_weight_loader
+    "moe: known loader": (
+        lambda: vllm_moe.parameters_rule("L.weight_loader", vllm_moe.EXPECTED_PARAMETERS, "f"),
+        "apply",
+    ),
+    "moe: other loader": (lambda: vllm_moe.parameters_rule("L.weight_loader", ("self",), "f"), "unsupported"),
+    # vllm.rotary_flash_attn_guard
+    "rotary: unguarded import": (
+        lambda: vllm_rotary.rotary_rule(vllm_rotary.EXPECTED_SIGNATURE, _rotary(ROTARY_BODY), "f"),
+        "apply",
+    ),
+    "rotary: guarded import": (
+        lambda: vllm_rotary.rotary_rule(vllm_rotary.EXPECTED_SIGNATURE, _rotary(ROTARY_GUARDED), "f"),
+        "fixed-upstream",
+    ),
+    "rotary: another signature": (lambda: vllm_rotary.rotary_rule("(self)", [], "f"), "unsupported"),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_the_rule_decides(case: str) -> None:
+    rule, expected = CASES[case]
+    decided = rule()
+    assert (decided if isinstance(decided, str) else decided.action) == expected, decided
+
+
+def _apply_liger_kernel_to_toy(rope: bool = True, swiglu: bool = True, rms_norm: bool = False) -> None:
+    """Liger's shape: each switch rebinds some module attributes."""
+    from types import SimpleNamespace
+
+    modeling = SimpleNamespace()
+    if rope:
+        modeling.apply_rotary_pos_emb = None
+    if swiglu:
+        modeling.ToyMLP = None
+    elif rms_norm:
+        modeling.ToyRMSNorm = None
+
+
+def test_liger_rebound_names_reads_each_switchs_branches() -> None:
+    assert liger.rebound_names(_apply_liger_kernel_to_toy) == {
+        "rope": {"apply_rotary_pos_emb"},
+        "swiglu": {"ToyMLP"},
+        "rms_norm": {"ToyRMSNorm"},
+    }
