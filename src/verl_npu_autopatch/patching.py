@@ -27,8 +27,11 @@ __all__ = [
     "set_attribute",
     "set_entry",
     "set_marked",
+    "signature_from_ast",
+    "signature_of",
     "signature_text",
     "statements",
+    "underlying",
 ]
 
 #: Attribute set on everything a fix installs; its value is the patch name.
@@ -43,9 +46,14 @@ ABSENT: Any = object()
 _READ: Any = object()
 
 
+def underlying(obj: Any) -> Any:
+    """The function inside a ``staticmethod``/``classmethod`` object or a bound method; else ``obj``."""
+    return getattr(obj, "__func__", obj)
+
+
 def mark(obj: Any, patch_name: str) -> Any:
     """Tag ``obj`` (a function, or the function inside a static/class method) as installed by us."""
-    func = getattr(obj, "__func__", obj)
+    func = underlying(obj)
     setattr(func, MARKER, patch_name)
     setattr(func, _MARKED, func)
     return obj
@@ -54,7 +62,7 @@ def mark(obj: Any, patch_name: str) -> Any:
 def marked_by(obj: Any) -> str | None:
     """The patch name ``obj`` was marked with, or ``None`` (also for another owner's
     ``functools.wraps`` wrapper around a marked function)."""
-    func = getattr(obj, "__func__", obj)
+    func = underlying(obj)
     if getattr(func, _MARKED, None) is not func:
         return None
     return getattr(func, MARKER, None)
@@ -128,7 +136,7 @@ def normalized_source(obj: Any) -> str | None:
     read from the function's own lines; ``inspect.getsource(cls)`` would re-parse the whole
     module on every call before Python 3.13 (0.2 s for a transformers modeling module).
     """
-    obj = getattr(obj, "__func__", obj)
+    obj = underlying(obj)
     if isinstance(obj, type):
         parts = [normalized_source(_function_of(v)) for v in vars(obj).values() if _function_of(v) is not None]
         found = [p for p in parts if p]
@@ -141,28 +149,74 @@ def normalized_source(obj: Any) -> str | None:
 
 def _function_of(value: Any) -> Any:
     """The plain function behind a class attribute (method, static/class method, property)."""
-    value = getattr(value, "fget", None) if isinstance(value, property) else getattr(value, "__func__", value)
+    value = getattr(value, "fget", None) if isinstance(value, property) else underlying(value)
     return value if inspect.isfunction(value) else None
 
 
-def parameter_names(obj: Any) -> tuple[str, ...] | None:
-    """Parameter names of a callable, or ``None`` when it has no inspectable signature."""
+def signature_of(obj: Any) -> inspect.Signature | None:
+    """The signature of a callable (of the function inside a static/class method), or ``None``
+    when it has none to inspect."""
     try:
-        return tuple(inspect.signature(getattr(obj, "__func__", obj)).parameters)
+        return inspect.signature(underlying(obj))
     except (TypeError, ValueError):  # no inspectable signature (some built-ins): the caller says so
         return None
 
 
-def signature_text(params: Iterable[str] | None) -> str:
-    """``(a, b, c)`` for reports; ``(unknown)`` when there is no signature."""
-    return "(unknown)" if params is None else f"({', '.join(params)})"
+def parameter_names(obj: Any) -> tuple[str, ...] | None:
+    """Parameter names of a callable, or ``None`` when it has no inspectable signature."""
+    signature = signature_of(obj)
+    return None if signature is None else tuple(signature.parameters)
+
+
+_STARS: dict[Any, str] = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+
+
+def signature_text(params: Iterable[str] | inspect.Signature | None) -> str:
+    """The one rendering of a signature for reports: ``(a, b, c)`` from parameter names; from an
+    ``inspect.Signature``, ``(a, b=1, *, c, **kw)`` without annotations (defaults as ``repr``,
+    keyword-only and variadic parameters with their ``*`` markers, so a changed kind shows);
+    ``(unknown)`` when there is no signature."""
+    if params is None:
+        return "(unknown)"
+    if not isinstance(params, inspect.Signature):
+        return f"({', '.join(params)})"
+    parts, star = [], False
+    for p in params.parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        star = star or p.kind is p.VAR_POSITIONAL
+        parts.append(_STARS.get(p.kind, "") + p.name + ("" if p.default is p.empty else f"={p.default!r}"))
+    return f"({', '.join(parts)})"
+
+
+def signature_from_ast(node: ast.FunctionDef | ast.AsyncFunctionDef) -> inspect.Signature:
+    """The signature a parsed definition declares (no annotations); raises ``ValueError`` for a
+    default that is not a literal."""
+    args, kind = node.args, inspect.Parameter
+    positional = [*args.posonlyargs, *args.args]
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    kinds = [kind.POSITIONAL_ONLY] * len(args.posonlyargs) + [kind.POSITIONAL_OR_KEYWORD] * len(args.args)
+    params = [_parameter(a.arg, k, d) for a, k, d in zip(positional, kinds, defaults, strict=True)]
+    if args.vararg:
+        params.append(kind(args.vararg.arg, kind.VAR_POSITIONAL))
+    params += [_parameter(a.arg, kind.KEYWORD_ONLY, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+    if args.kwarg:
+        params.append(kind(args.kwarg.arg, kind.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+def _parameter(name: str, kind: Any, default: ast.expr | None) -> inspect.Parameter:
+    if default is None:
+        return inspect.Parameter(name, kind)
+    return inspect.Parameter(name, kind, default=ast.literal_eval(default))
 
 
 def definition(obj: Any) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | None:
     """The parsed definition of a live function or class (its own source lines, dedented), or
     ``None`` when it has no readable source."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(obj, "__func__", obj))))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(underlying(obj))))
     except (OSError, TypeError, SyntaxError):  # no readable or parsable source: the caller says so
         return None
     node = tree.body[0] if tree.body else None
@@ -179,7 +233,7 @@ def statements(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
 
 def describe(obj: Any) -> str:
     """Short human name of a callable for reports: ``module.qualname``."""
-    func = getattr(obj, "__func__", obj)
+    func = underlying(obj)
     module = getattr(func, "__module__", None) or "?"
     return f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
 
@@ -189,7 +243,7 @@ def origin(obj: Any) -> str:
     globals, which ``functools.wraps`` does not copy (unlike ``__module__``/``__qualname__``), so a
     wrapper installed by someone else is named by its own module, not by the function it wraps.
     Falls back to :func:`describe` for callables without Python code."""
-    func = getattr(obj, "__func__", obj)
+    func = underlying(obj)
     code, namespace = getattr(func, "__code__", None), getattr(func, "__globals__", None)
     if code is None or not isinstance(namespace, dict):
         return describe(obj)

@@ -8,12 +8,12 @@ from typing import Any
 
 from verl_npu_autopatch.patches._transformers_models import GROUP
 from verl_npu_autopatch.patches._verl import from_verl
-from verl_npu_autopatch.patching import describe, marked_by
+from verl_npu_autopatch.patching import describe, marked_by, underlying
 from verl_npu_autopatch.spec import Site
 
 
 def _module_of(obj: Any) -> str:
-    return getattr(getattr(obj, "__func__", obj), "__module__", None) or ""
+    return getattr(underlying(obj), "__module__", None) or ""
 
 
 def _value_and_holder(value: Any, holder: Any) -> list[Any]:

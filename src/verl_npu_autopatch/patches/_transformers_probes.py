@@ -9,7 +9,7 @@ import re
 import sys
 from typing import Any
 
-from verl_npu_autopatch.patching import normalized_source, parameter_names, signature_text
+from verl_npu_autopatch.patching import normalized_source, parameter_names, signature_text, underlying
 from verl_npu_autopatch.spec import Site
 
 _EPS = re.compile(r"rsqrt\(.*?\+self\.(\w+)\)")
@@ -68,7 +68,7 @@ def _fused_layout(cls: type, cls_source: str) -> bool:
 def dispatcher_interface(forward: Any) -> Any | None:
     """The ``ExpertsInterface`` a ``@use_experts_implementation`` dispatcher ``forward`` reads
     (from its closure), or ``None`` when ``forward`` is not such a dispatcher."""
-    forward = getattr(forward, "__func__", forward)
+    forward = underlying(forward)
     code = getattr(forward, "__code__", None)
     if code is None or not hasattr(forward, "__wrapped__") or "experts_interface" not in code.co_freevars:
         return None

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patching import marked_by, origin
+from verl_npu_autopatch.patching import marked_by, origin, underlying
 from verl_npu_autopatch.spec import Site, Verdict
 
 #: The verl module holding its vLLM / vllm-ascend NPU patches.
@@ -30,14 +30,10 @@ WEIGHT_LOADER_MARKER = "_verl_npu_weight_loader_patched"
 CAMEM_MARKER = "_verl_camem_sleep_patched"
 
 
-def _function(value: Any) -> Any:
-    return getattr(value, "__func__", value)
-
-
 def _written_in(value: Any) -> str | None:
     """The module a function's code was written in (its globals' ``__name__``, which
     ``functools.wraps`` does not copy), or ``None`` for anything without Python globals."""
-    namespace = getattr(_function(value), "__globals__", None)
+    namespace = getattr(underlying(value), "__globals__", None)
     return str(namespace.get("__name__", "")) if isinstance(namespace, dict) else None
 
 
@@ -50,7 +46,7 @@ def from_verl(value: Any) -> bool:
     anything else (a class verl rebinds) by its ``__module__``. Our own code lives in
     ``verl_npu_autopatch``, which is not ``verl``. The one test of "is this verl's" every family uses."""
     written = _written_in(value)
-    return _is_verl(written if written is not None else getattr(_function(value), "__module__", None))
+    return _is_verl(written if written is not None else getattr(underlying(value), "__module__", None))
 
 
 def verl_owned(value: Any) -> str | None:
@@ -62,7 +58,7 @@ def verl_owned(value: Any) -> str | None:
 def claim(func: Any, *markers: str) -> Any:
     """Set verl's ``markers`` on ``func`` (a function we install), so verl skips its duplicate."""
     for marker in markers:
-        setattr(_function(func), marker, True)
+        setattr(underlying(func), marker, True)
     return func
 
 

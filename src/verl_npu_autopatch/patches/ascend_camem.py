@@ -15,20 +15,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, params_mismatch
+from verl_npu_autopatch.patches._family import wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
 from verl_npu_autopatch.patches._verl import CAMEM_MARKER, claim, yield_to_verl
-from verl_npu_autopatch.patching import replace_method
-from verl_npu_autopatch.spec import (
-    APPLY,
-    Patch,
-    Site,
-    StaticRule,
-    Target,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
-)
+from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
 CAMEM = "vllm_ascend.device_allocator.camem"
 SLEEP_PARAMS = ("self", "offload_tags")
@@ -49,39 +39,28 @@ def camem_rule(sleep: Code) -> Verdict:
     return APPLY
 
 
-def _check(site: Site) -> Verdict:
-    return camem_rule(Code.live(site.value))
-
-
-def _fix(site: Site) -> Undo:
+def _sleep(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
     module = site.module
 
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def sleep(self: Any, *args: Any, **kwargs: Any) -> Any:
-            module.torch.npu.synchronize()  # the camem module's own torch, as its sleep uses it
-            return original(self, *args, **kwargs)
+    @functools.wraps(original)
+    def sleep(self: Any, *args: Any, **kwargs: Any) -> Any:
+        module.torch.npu.synchronize()  # the camem module's own torch, as its sleep uses it
+        return original(self, *args, **kwargs)
 
-        return claim(sleep, CAMEM_MARKER)
-
-    return replace_method(site.owner, site.attribute, make, site.patch.name)
-
-
-def _static(tree: UpstreamTree) -> Verdict:
-    return tree.judge(CAMEM, "CaMemAllocator.sleep", camem_rule)
+    return claim(sleep, CAMEM_MARKER)
 
 
 PATCHES = [
-    Patch(
-        name="ascend.camem_sleep_sync",
-        summary="CaMemAllocator.sleep synchronizes the NPU before unmapping and releasing memory.",
+    wrapping_patch(
+        "ascend.camem_sleep_sync",
+        "CaMemAllocator.sleep synchronizes the NPU before unmapping and releasing memory.",
+        target=f"{CAMEM}:CaMemAllocator.sleep",
+        rule=camem_rule,
+        wrap=_sleep,
+        reads=("vllm_ascend/device_allocator/camem.py",),
         reference="https://github.com/verl-project/verl/pull/7779",
         groups=("glm52", "ascend"),
-        targets=(Target.parse(f"{CAMEM}:CaMemAllocator.sleep"),),
         default=False,
-        check=_check,
-        fix=_fix,
         yields_to=(yield_to_verl(),),
-        static=StaticRule(_static, reads=("vllm_ascend/device_allocator/camem.py",)),
     ),
 ]

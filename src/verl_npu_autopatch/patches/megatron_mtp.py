@@ -17,20 +17,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
+from verl_npu_autopatch.patches._family import wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patches._verl import yield_to_verl
-from verl_npu_autopatch.patching import replace_method
-from verl_npu_autopatch.spec import (
-    APPLY,
-    Patch,
-    Site,
-    StaticRule,
-    Target,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
-)
+from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
 GPT = "megatron.core.models.gpt.gpt_model"
 TRUTHY = "ifself.config.mtp_num_layers:"
@@ -51,44 +41,32 @@ def postprocess_rule(postprocess: Code) -> Verdict:
     return unsupported("_postprocess entering MTP on `mtp_num_layers is not None`, then labels.clone()", found)
 
 
-def _check(site: Site) -> Verdict:
-    return postprocess_rule(Code.live(site.value))
+def _postprocess(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _postprocess(self: Any, *args: Any, **kwargs: Any) -> Any:
+        config = self.config
+        layers = config.mtp_num_layers
+        if layers is None or layers:
+            return original(self, *args, **kwargs)
+        config.mtp_num_layers = None  # 0 means "no MTP": take the branch-free path
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            config.mtp_num_layers = layers
 
-
-def _fix(site: Site) -> Undo:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def _postprocess(self: Any, *args: Any, **kwargs: Any) -> Any:
-            config = self.config
-            layers = config.mtp_num_layers
-            if layers is None or layers:
-                return original(self, *args, **kwargs)
-            config.mtp_num_layers = None  # 0 means "no MTP": take the branch-free path
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                config.mtp_num_layers = layers
-
-        return _postprocess
-
-    return replace_method(site.owner, site.attribute, make, site.patch.name)
-
-
-def _static(tree: UpstreamTree) -> Verdict:
-    """``postprocess_rule`` on a release's source (``scripts/compat-matrix``)."""
-    return tree.judge(GPT, "GPTModel._postprocess", postprocess_rule)
+    return _postprocess
 
 
 PATCHES = [
-    Patch(
-        name="megatron.mtp_postprocess",
-        summary="GPTModel._postprocess treats mtp_num_layers == 0 as no MTP (no labels.clone() on None labels).",
+    wrapping_patch(
+        "megatron.mtp_postprocess",
+        "GPTModel._postprocess treats mtp_num_layers == 0 as no MTP (no labels.clone() on None labels).",
+        target=f"{GPT}:GPTModel._postprocess",
+        rule=postprocess_rule,
+        wrap=_postprocess,
+        reads=("megatron/core/models/gpt/gpt_model.py",),
         reference="https://github.com/verl-project/verl/pull/6374",
         groups=("megatron",),
-        targets=(Target.parse(f"{GPT}:GPTModel._postprocess"),),
-        check=_check,
-        fix=_fix,
         yields_to=(yield_to_verl(),),  # verl's own copy (equivalent) replaces or wraps ours
-        static=StaticRule(_static, reads=("megatron/core/models/gpt/gpt_model.py",)),
     ),
 ]

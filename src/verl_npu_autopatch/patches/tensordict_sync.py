@@ -15,20 +15,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from verl_npu_autopatch.patches._family import wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree, params_mismatch
 from verl_npu_autopatch.patches._verl import yield_to_verl
-from verl_npu_autopatch.patching import replace_method
-from verl_npu_autopatch.spec import (
-    APPLY,
-    Patch,
-    Site,
-    StaticRule,
-    Target,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
-)
+from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
 BASE = "tensordict.base"
 #: Where newer releases define ``_sync_all`` (a mixin ``TensorDictBase`` inherits from).
@@ -54,27 +44,20 @@ def sync_rule(sync: Code) -> Verdict:
     )
 
 
-def _check(site: Site) -> Verdict:
-    return sync_rule(Code.live(site.value))
-
-
-def _fix(site: Site) -> Undo:
+def _sync_all(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
     torch = site.module.torch  # tensordict.base's own torch
 
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def _sync_all(self: Any) -> None:
-            original(self)  # tensordict's CUDA / MPS synchronization, guards included
-            device_type = torch._utils._get_available_device_type()
-            if device_type is None or device_type in ("cuda", "mps"):
-                return
-            module = getattr(torch, device_type, None)  # torch.npu once torch_npu is loaded
-            if module is not None:
-                module.synchronize()
+    @functools.wraps(original)
+    def _sync_all(self: Any) -> None:
+        original(self)  # tensordict's CUDA / MPS synchronization, guards included
+        device_type = torch._utils._get_available_device_type()
+        if device_type is None or device_type in ("cuda", "mps"):
+            return
+        module = getattr(torch, device_type, None)  # torch.npu once torch_npu is loaded
+        if module is not None:
+            module.synchronize()
 
-        return _sync_all
-
-    return replace_method(site.owner, site.attribute, make, site.patch.name)
+    return _sync_all
 
 
 def _defined_sync_all(source: ModuleSource) -> Code | None:
@@ -100,15 +83,16 @@ def _static(tree: UpstreamTree) -> Verdict:
 
 
 PATCHES = [
-    Patch(
-        name="tensordict.npu_sync",
-        summary="TensorDictBase._sync_all synchronizes the NPU after non-blocking copies, not only CUDA/MPS.",
+    wrapping_patch(
+        "tensordict.npu_sync",
+        "TensorDictBase._sync_all synchronizes the NPU after non-blocking copies, not only CUDA/MPS.",
+        target=f"{BASE}:TensorDictBase._sync_all",
+        rule=sync_rule,
+        wrap=_sync_all,
+        reads=("tensordict/base.py", "tensordict/_base/device.py"),
+        static=_static,
         reference="https://github.com/pytorch/tensordict/issues/725",
         groups=("tensordict",),
-        targets=(Target.parse(f"{BASE}:TensorDictBase._sync_all"),),
-        check=_check,
-        fix=_fix,
         yields_to=(yield_to_verl(),),  # verl's own copy (equivalent) replaces or wraps ours
-        static=StaticRule(_static, reads=("tensordict/base.py", "tensordict/_base/device.py")),
     ),
 ]

@@ -20,23 +20,12 @@ from __future__ import annotations
 
 import ast
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.patches._fingerprints import ModuleSource, UpstreamTree
-from verl_npu_autopatch.patching import chain, marked_by, set_marked
-from verl_npu_autopatch.spec import (
-    APPLY,
-    Patch,
-    Site,
-    StaticRule,
-    Target,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
-)
+from verl_npu_autopatch.patching import chain, marked_by, set_marked, signature_of
+from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Undo, Verdict, fixed_upstream, unsupported
 
 NAME = "torch_npu.nested_tensor_intercept"
 INTERCEPT = "torch_npu.utils.npu_intercept"
@@ -110,13 +99,6 @@ def _other_owner(site: Site) -> str | None:
     return "; ".join(foreign) or None
 
 
-def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
-    try:
-        return inspect.signature(func)
-    except (TypeError, ValueError):  # not inspectable (a C function): the wrapper keeps its own signature
-        return None
-
-
 def _fix(site: Site) -> Undo:
     undos = []
     for name, fn in _live(site).items():
@@ -132,7 +114,7 @@ def _fix(site: Site) -> Undo:
         # which would replace ours and leave the record claiming a target it no longer holds.
         del unintercepted.__wrapped__
         # functools.wraps' result type declares no __signature__; inspect.signature reads it
-        unintercepted.__signature__ = _signature(original)  # type: ignore[attr-defined]
+        unintercepted.__signature__ = signature_of(original)  # type: ignore[attr-defined]
         undos.append(set_marked(site.owner, name, unintercepted, site.patch.name))
     return chain(*undos)
 

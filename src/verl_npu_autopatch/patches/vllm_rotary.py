@@ -42,23 +42,21 @@ from __future__ import annotations
 
 import ast
 import functools
-import inspect
 from typing import Any
 
 from verl_npu_autopatch.patches._fingerprints import UpstreamTree
 from verl_npu_autopatch.patches._verl import verl_owned
-from verl_npu_autopatch.patching import definition, describe, replace_method, statements
-from verl_npu_autopatch.spec import (
-    APPLY,
-    Patch,
-    Site,
-    StaticRule,
-    Target,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
+from verl_npu_autopatch.patching import (
+    definition,
+    describe,
+    replace_method,
+    signature_from_ast,
+    signature_of,
+    signature_text,
+    statements,
+    underlying,
 )
+from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Undo, Verdict, fixed_upstream, unsupported
 
 TARGET = Target.parse("vllm.model_executor.layers.rotary_embedding.common:ApplyRotaryEmb.__init__")
 #: The upstream signature the replacement reproduces (unchanged in vLLM 0.13 ... 0.33).
@@ -79,29 +77,6 @@ _REQUIRED = frozenset({"self.is_neox_style = is_neox_style", "self.enable_fp32_c
 
 #: Exceptions whose handler tolerates ``ModuleNotFoundError`` from a missing or dummy flash_attn.
 _TOLERANT = frozenset({"ModuleNotFoundError", "ImportError", "Exception", "BaseException"})
-
-
-#: The marker of each variadic parameter kind in a signature's text.
-_STARS: dict[Any, str] = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
-
-
-def _signature(func: Any) -> str | None:
-    """``(name=default, ...)`` of ``func``, without annotations; ``None`` when not inspectable.
-
-    Keyword-only and variadic parameters keep their ``*`` markers, so a changed kind shows."""
-    try:
-        parameters = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):  # not inspectable: the rule reports the expected signature as missing
-        return None
-    parts, star = [], False
-    for p in parameters:
-        if p.kind is p.KEYWORD_ONLY and not star:
-            parts.append("*")
-            star = True
-        prefix = _STARS.get(p.kind, "")
-        star = star or p.kind is p.VAR_POSITIONAL
-        parts.append(prefix + p.name + ("" if p.default is p.empty else f"={p.default!r}"))
-    return f"({', '.join(parts)})"
 
 
 def _body(func: Any, owner: Any = None) -> list[ast.stmt] | None:
@@ -223,9 +198,11 @@ def rotary_rule(signature: str | None, body: list[ast.stmt] | None, what: str) -
 def _check(site: Site) -> Verdict:
     """Apply only to the known upstream ``__init__`` whose flash-attn import is unguarded, or
     over verl's replacement of it."""
-    func = getattr(site.value, "__func__", site.value)
+    func = underlying(site.value)
     verl = verl_owned(func)
-    verdict = rotary_rule(_signature(func), _body(func, site.owner if verl else None), describe(func))
+    signature = signature_of(func)
+    text = None if signature is None else signature_text(signature)
+    verdict = rotary_rule(text, _body(func, site.owner if verl else None), describe(func))
     if verl is None or verdict.action == "unsupported":
         return verdict
     upstream = "copes with a dummy flash_attn" if verdict.action == "fixed-upstream" else "needs this fix"
@@ -261,25 +238,6 @@ def _fix(site: Site) -> Undo:
     return replace_method(site.owner, site.attribute, make_init(site.owner), site.patch.name)
 
 
-def _ast_signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    """What :func:`_signature` prints, read from the definition (defaults are literals here)."""
-    args = node.args
-    positional = [*args.posonlyargs, *args.args]
-    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-    parts = [
-        a.arg + ("" if d is None else f"={ast.literal_eval(d)!r}") for a, d in zip(positional, defaults, strict=True)
-    ]
-    if args.vararg:
-        parts.append("*" + args.vararg.arg)
-    elif args.kwonlyargs:
-        parts.append("*")
-    for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True):
-        parts.append(a.arg + ("" if d is None else f"={ast.literal_eval(d)!r}"))
-    if args.kwarg:
-        parts.append("**" + args.kwarg.arg)
-    return f"({', '.join(parts)})"
-
-
 def _static(tree: UpstreamTree) -> Verdict:
     target = TARGET
     module = tree.module(target.module)
@@ -288,7 +246,7 @@ def _static(tree: UpstreamTree) -> Verdict:
         return unsupported(str(target), f"{target.module} without it" if module else f"{target.module} is missing")
     body = statements(node)
     try:
-        signature: str | None = _ast_signature(node)
+        signature: str | None = signature_text(signature_from_ast(node))
     except ValueError:  # a non-literal default
         signature = None
     return rotary_rule(signature, body, target.qualname)
