@@ -28,18 +28,18 @@ PACKAGE = "verl_npu_autopatch.patches"
 #: The one place that orders them; a family module missing here fails tests/unit/test_discovery.py.
 FAMILIES: tuple[str, ...] = (
     "vllm_moe",
-    "vllm_rotary",
+    "vllm_rotary_flash_attn_guard",
     "transformers_npu",
     "transformers_deepstack",
-    "liger",
+    "liger_arbitration",
     "ascend_glm52",
-    "ascend_camem",
+    "ascend_camem_sleep_sync",
     "ascend_capture",
-    "vllm_engine",
-    "verl_vllm",
-    "tensordict_sync",
-    "torch_npu_nested",
-    "megatron_mtp",
+    "vllm_engine_partial_wake_up",
+    "verl_defer_duplicates",
+    "tensordict_npu_sync",
+    "torch_npu_nested_tensor_intercept",
+    "megatron_mtp_postprocess",
 )
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.ascend import doubles
 from tests.support import upstream
-from verl_npu_autopatch.patches import ascend_camem
+from verl_npu_autopatch.patches import ascend_camem_sleep_sync
 
 NAME = "vllm_ascend.device_allocator.camem"
 
@@ -53,7 +53,7 @@ def test_release_0_23_releases_memory_without_synchronizing_first(camem_023):
 
 
 def test_patched_sleep_synchronizes_before_unmapping(camem_023):
-    engine = upstream.run_engine(ascend_camem.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    engine = upstream.run_engine(ascend_camem_sleep_sync.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
     assert engine.report()["ascend.camem_sleep_sync"].state == "applied"
     events = sleep_events(camem_023)
     assert events[0] == "torch.npu.synchronize"
@@ -65,7 +65,7 @@ def test_patched_sleep_synchronizes_before_unmapping(camem_023):
 
 def test_release_0_30_is_fixed_upstream(camem_030):
     original = camem_030.CaMemAllocator.__dict__["sleep"]
-    engine = upstream.run_engine(ascend_camem.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    engine = upstream.run_engine(ascend_camem_sleep_sync.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
     record = engine.report()["ascend.camem_sleep_sync"]
     assert record.state == "fixed-upstream"
     assert "synchronize" in record.reason
@@ -75,6 +75,6 @@ def test_release_0_30_is_fixed_upstream(camem_030):
 
 
 def test_opt_in_off_by_default(camem_023):
-    engine = upstream.run_engine(ascend_camem.PATCHES)
+    engine = upstream.run_engine(ascend_camem_sleep_sync.PATCHES)
     assert engine.report()["ascend.camem_sleep_sync"].state == "disabled"
     assert "torch.npu.synchronize" not in sleep_events(camem_023)

@@ -6,14 +6,26 @@ import pytest
 
 from tests.support import upstream
 from verl_npu_autopatch import catalog
-from verl_npu_autopatch.patches import ascend_camem, ascend_capture, ascend_glm52, vllm_engine
+from verl_npu_autopatch.patches import (
+    ascend_camem_sleep_sync,
+    ascend_capture,
+    ascend_glm52,
+    vllm_engine_partial_wake_up,
+)
 
-OURS = [*ascend_glm52.PATCHES, *ascend_camem.PATCHES, *ascend_capture.PATCHES, *vllm_engine.PATCHES]
+OURS = [
+    *ascend_glm52.PATCHES,
+    *ascend_camem_sleep_sync.PATCHES,
+    *ascend_capture.PATCHES,
+    *vllm_engine_partial_wake_up.PATCHES,
+]
 NAMES = {p.name for p in OURS}
 
 
 def test_families_are_in_the_catalogue():
-    assert {ascend_glm52, ascend_camem, ascend_capture, vllm_engine} <= set(catalog.families())
+    assert {ascend_glm52, ascend_camem_sleep_sync, ascend_capture, vllm_engine_partial_wake_up} <= set(
+        catalog.families()
+    )
     assert {p.name for p in catalog.builtin()} >= NAMES
     assert all(not p.default and "glm52" in p.groups for p in OURS)
 

@@ -28,7 +28,7 @@ from tests.ascend.test_engine_wake_up import make_engine_core
 from tests.ascend.test_rms_norm import EPS, HIDDEN, make_layer, reference_rms_norm
 from tests.ascend.test_sfa import HEAD_DIM, N_HEAD, build_sfa, make_impl, run_indexer
 from tests.support import upstream, verl_upstream
-from verl_npu_autopatch.patches import ascend_camem, ascend_glm52, vllm_engine
+from verl_npu_autopatch.patches import ascend_camem_sleep_sync, ascend_glm52, vllm_engine_partial_wake_up
 from verl_npu_autopatch.patches._verl import GLM52_MARKER, verl_owned
 from verl_npu_autopatch.patching import MARKER
 
@@ -210,7 +210,7 @@ def camem(releases: Any, npu: None) -> Iterator[types.ModuleType]:
 def test_camem_synchronizes_once_before_unmapping(camem: Any, verl: types.ModuleType, engines: Any, order: str) -> None:
     if order == "verl-first":
         verl.patch_camem_sleep()
-    engine = engines(*ascend_camem.PATCHES, **GLM)
+    engine = engines(*ascend_camem_sleep_sync.PATCHES, **GLM)
     if order == "ours-first":
         verl.patch_camem_sleep()
     events = sleep_events(camem)
@@ -256,7 +256,7 @@ def test_partial_wake_up_has_one_owner(core: Any, verl: types.ModuleType, engine
     entry = core.EngineCoreProc.__dict__["run_engine_core"]
     if order == "verl-first":
         verl.patch_vllm_glm52_partial_wake_up()
-    engine = engines(*vllm_engine.PATCHES, **GLM)
+    engine = engines(*vllm_engine_partial_wake_up.PATCHES, **GLM)
     if order == "ours-first":
         verl.patch_vllm_glm52_partial_wake_up()
 

@@ -21,7 +21,7 @@ import pytest
 from tests.ascend import doubles
 from tests.support import upstream
 from verl_npu_autopatch.engine import PatchError
-from verl_npu_autopatch.patches import vllm_engine
+from verl_npu_autopatch.patches import vllm_engine_partial_wake_up
 from verl_npu_autopatch.patches._fingerprints import Code
 
 NAME = "vllm.v1.engine.core"
@@ -78,7 +78,7 @@ def test_installed_vllm_has_the_fix_upstream():
 
     assert "fully_awake" in Code.live(core.EngineCore.wake_up).source  # the 0.32 shape
     original = core.EngineCore.__dict__["wake_up"]
-    engine = upstream.run_engine(vllm_engine.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    engine = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
     record = engine.report()[STATE]
     assert record.state == "fixed-upstream", record.reason
     assert record.target == f"{NAME}:EngineCore.wake_up"
@@ -95,7 +95,7 @@ def test_release_0_23_resumes_scheduling_after_a_partial_wake_up(core_023):
 
 
 def test_patched_wake_up_waits_for_full_wake(core_023):
-    engine = upstream.run_engine(vllm_engine.PATCHES, VERL_VLLM_ASCEND_GLM52_PATCH="yes")
+    engine = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES, VERL_VLLM_ASCEND_GLM52_PATCH="yes")
     assert engine.report()[STATE].state == "applied"
     core = make_engine_core(core_023)
     executor = core.model_executor
@@ -114,9 +114,9 @@ def test_patched_wake_up_waits_for_full_wake(core_023):
 
 def test_patch_is_idempotent_and_revertible(core_023):
     wake_up = core_023.EngineCore.__dict__["wake_up"]
-    first = upstream.run_engine(vllm_engine.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    first = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
     patched = core_023.EngineCore.__dict__["wake_up"], core_023.DPEngineCoreProc.__dict__["execute_dummy_batch"]
-    second = upstream.run_engine(vllm_engine.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    second = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
     assert second.report()[STATE].state == "applied"
     assert (core_023.EngineCore.__dict__["wake_up"], core_023.DPEngineCoreProc.__dict__["execute_dummy_batch"]) == (
         patched
@@ -127,7 +127,7 @@ def test_patch_is_idempotent_and_revertible(core_023):
 
 
 def test_off_by_default(core_023):
-    engine = upstream.run_engine(vllm_engine.PATCHES)
+    engine = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES)
     assert engine.report()[STATE].state == "disabled"
     core = make_engine_core(core_023)
     core.wake_up(["weights"])
@@ -136,7 +136,9 @@ def test_off_by_default(core_023):
 
 def test_release_0_30_source_is_fixed_upstream(releases):
     with doubles.modules({NAME: load_core(releases["0.30.0rc2"][1])}):
-        record = upstream.run_engine(vllm_engine.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+        record = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[
+            STATE
+        ]
     assert record.state == "fixed-upstream"
 
 
@@ -144,11 +146,15 @@ def test_release_0_13_is_unsupported_and_strict_raises(releases):
     module = load_core(releases["0.13.0"][1])
     original = module.EngineCore.__dict__["wake_up"]
     with doubles.modules({NAME: module}):
-        record = upstream.run_engine(vllm_engine.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+        record = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[
+            STATE
+        ]
         assert record.state == "unsupported"
         assert (
             "expected EngineCore.wake_up(self, tags)" in record.reason and "found wake_up(self, tags)" in record.reason
         )
         assert module.EngineCore.__dict__["wake_up"] is original
         with pytest.raises(PatchError, match=re.escape(STATE)):
-            upstream.run_engine(vllm_engine.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52", VERL_NPU_AUTOPATCH_STRICT="1")
+            upstream.run_engine(
+                vllm_engine_partial_wake_up.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52", VERL_NPU_AUTOPATCH_STRICT="1"
+            )

@@ -35,9 +35,9 @@ CHILD = textwrap.dedent(
     """
     import dataclasses, json
     from tests.support import contract
-    from verl_npu_autopatch.patches import liger
+    from verl_npu_autopatch.patches import liger_arbitration
 
-    (patch,) = contract.live_patches(liger.PATCHES)
+    (patch,) = contract.live_patches(liger_arbitration.PATCHES)
     finding = contract.check_contract(patch)
     try:
         contract.check_contract(dataclasses.replace(patch, computed=()))
@@ -53,7 +53,7 @@ def test_liger_declares_every_attribute_it_rebinds() -> None:
     """Liger's arbitration rebinds, besides its target, ``_apply_liger_kernel`` and, found in the
     live module, the apply function of each of our families and each dispatch-table entry
     holding one; without that declaration the contract fails."""
-    from verl_npu_autopatch.patches import liger
+    from verl_npu_autopatch.patches import liger_arbitration
 
     proc = subprocess.run(
         [sys.executable, "-c", CHILD],
@@ -65,8 +65,10 @@ def test_liger_declares_every_attribute_it_rebinds() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    (patch,) = liger.PATCHES
-    computed = [site for site in found["changed"] if "apply_liger_kernel_to_" in site or liger.TABLE in site]
+    (patch,) = liger_arbitration.PATCHES
+    computed = [
+        site for site in found["changed"] if "apply_liger_kernel_to_" in site or liger_arbitration.TABLE in site
+    ]
     assert found["state"] == "applied" and len(computed) == 24, found["changed"]
     assert set(found["changed"]) == {str(patch.targets[0]), str(patch.secondary[0]), *computed}
     assert found["undeclared"].startswith(f"{LIGER}: changed"), found["undeclared"]

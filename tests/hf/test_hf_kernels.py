@@ -230,7 +230,7 @@ def test_non_silu_mlp_keeps_upstream_forward(npu: Any, make_engine: Any) -> None
 def test_one_kernel_table_serves_every_kind() -> None:
     """Every kind a family lists has its row in ``KERNELS`` and every row is used; the patch
     summaries and Liger's switches are read from it."""
-    from verl_npu_autopatch.patches import liger
+    from verl_npu_autopatch.patches import liger_arbitration as liger
 
     listed = {kind for family in transformers_npu.MODELS for kind in transformers_npu.kinds(family)}
     assert listed == set(transformers_npu.KERNELS)

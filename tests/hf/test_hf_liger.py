@@ -17,7 +17,7 @@ PRELUDE = textwrap.dedent(
     from tests.hf.tiny_configs import MROPE, rope_arguments
     from verl_npu_autopatch._config import Config
     from verl_npu_autopatch.engine import Engine
-    from verl_npu_autopatch.patches import liger, transformers_npu
+    from verl_npu_autopatch.patches import liger_arbitration as liger, transformers_npu
     from verl_npu_autopatch.patching import marked_by
 
     def make_engine():

@@ -14,7 +14,7 @@ from tests.support.children import run
 from verl_npu_autopatch import catalog, cli, ownership
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
-from verl_npu_autopatch.patches import ascend_capture, vllm_engine
+from verl_npu_autopatch.patches import ascend_capture, vllm_engine_partial_wake_up
 from verl_npu_autopatch.patching import chain, mark, marked_by, set_attribute, set_entry, set_marked
 from verl_npu_autopatch.spec import APPLY, ComputedSites, Patch, StaticRule, Target
 
@@ -135,7 +135,7 @@ def test_every_static_rule_is_on_its_patch_and_no_family_keeps_a_table() -> None
 
 
 def test_list_and_status_show_every_declared_site() -> None:
-    (engine_patch,) = vllm_engine.PATCHES
+    (engine_patch,) = vllm_engine_partial_wake_up.PATCHES
     lines = cli.touches(engine_patch)
     assert lines == [
         "vllm.v1.engine.core:EngineCore.wake_up",

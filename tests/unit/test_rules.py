@@ -11,19 +11,19 @@ from collections.abc import Callable
 import pytest
 
 from verl_npu_autopatch.patches import (
-    _glm52_rules,
-    ascend_camem,
+    ascend_camem_sleep_sync,
     ascend_capture,
-    liger,
-    megatron_mtp,
-    tensordict_sync,
-    torch_npu_nested,
+    liger_arbitration,
+    megatron_mtp_postprocess,
+    tensordict_npu_sync,
+    torch_npu_nested_tensor_intercept,
     transformers_deepstack,
-    vllm_engine,
+    vllm_engine_partial_wake_up,
     vllm_moe,
-    vllm_rotary,
+    vllm_rotary_flash_attn_guard,
 )
 from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.patches.ascend_glm52 import rules as glm52_rules
 from verl_npu_autopatch.spec import Verdict
 
 SLEEP = ("self", "offload_tags")
@@ -65,57 +65,62 @@ ROTARY_GUARDED = """
 
 CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     # ascend.camem_sleep_sync
-    "camem: unmap without sync": (lambda: ascend_camem.camem_rule(Code(f"defsleep(){UNMAP}", SLEEP)), "apply"),
+    "camem: unmap without sync": (
+        lambda: ascend_camem_sleep_sync.camem_rule(Code(f"defsleep(){UNMAP}", SLEEP)),
+        "apply",
+    ),
     "camem: sync before unmap": (
-        lambda: ascend_camem.camem_rule(Code(f"defsleep():torch.npu.synchronize(){UNMAP}", SLEEP)),
+        lambda: ascend_camem_sleep_sync.camem_rule(Code(f"defsleep():torch.npu.synchronize(){UNMAP}", SLEEP)),
         "fixed-upstream",
     ),
-    "camem: other parameters": (lambda: ascend_camem.camem_rule(Code(UNMAP, ("self",))), "unsupported"),
-    "camem: no unmap": (lambda: ascend_camem.camem_rule(Code("defsleep():pass", SLEEP)), "unsupported"),
+    "camem: other parameters": (lambda: ascend_camem_sleep_sync.camem_rule(Code(UNMAP, ("self",))), "unsupported"),
+    "camem: no unmap": (lambda: ascend_camem_sleep_sync.camem_rule(Code("defsleep():pass", SLEEP)), "unsupported"),
     # megatron.mtp_postprocess
     "mtp: 0.16 not-None guard": (
-        lambda: megatron_mtp.postprocess_rule(
+        lambda: megatron_mtp_postprocess.postprocess_rule(
             Code(f"{POSTPROCESS}ifself.config.mtp_num_layersisnotNone:x=labels.clone()", None)
         ),
         "apply",
     ),
     "mtp: 0.17 truth test": (
-        lambda: megatron_mtp.postprocess_rule(Code(f"{POSTPROCESS}ifself.config.mtp_num_layers:x=1", None)),
+        lambda: megatron_mtp_postprocess.postprocess_rule(Code(f"{POSTPROCESS}ifself.config.mtp_num_layers:x=1", None)),
         "fixed-upstream",
     ),
     "mtp: 0.15 mtp_process": (
-        lambda: megatron_mtp.postprocess_rule(Code(f"{POSTPROCESS}ifself.mtp_process:x=1", None)),
+        lambda: megatron_mtp_postprocess.postprocess_rule(Code(f"{POSTPROCESS}ifself.mtp_process:x=1", None)),
         "unsupported",
     ),
     # tensordict.npu_sync
-    "tensordict: 0.9 CUDA/MPS only": (lambda: tensordict_sync.sync_rule(Code(SYNC_09, ("self",))), "apply"),
+    "tensordict: 0.9 CUDA/MPS only": (lambda: tensordict_npu_sync.sync_rule(Code(SYNC_09, ("self",))), "apply"),
     "tensordict: 0.10 generic": (
-        lambda: tensordict_sync.sync_rule(
+        lambda: tensordict_npu_sync.sync_rule(
             Code("def_sync_all(self):m=_get_device_module(_get_available_device_type())m.synchronize()", ("self",))
         ),
         "fixed-upstream",
     ),
-    "tensordict: another body": (lambda: tensordict_sync.sync_rule(Code("pass", ("self",))), "unsupported"),
+    "tensordict: another body": (lambda: tensordict_npu_sync.sync_rule(Code("pass", ("self",))), "unsupported"),
     # vllm.engine_partial_wake_up
     "engine: both needed": (
-        lambda: vllm_engine.partial_wake_up_rule(Code(WAKE, ("self", "tags")), Code(DUMMY, ("self",)), Code(LOOP, ())),
+        lambda: vllm_engine_partial_wake_up.partial_wake_up_rule(
+            Code(WAKE, ("self", "tags")), Code(DUMMY, ("self",)), Code(LOOP, ())
+        ),
         "apply",
     ),
     "engine: wake_up fixed upstream": (
-        lambda: vllm_engine.wake_up_state(
+        lambda: vllm_engine_partial_wake_up.wake_up_state(
             Code("defwake_up(self,tags=None):ifnotself.model_executor.is_sleeping:self.resume_scheduler()", ("self",))
         ),
         "fixed",
     ),
     "engine: dummy batch fixed upstream": (
-        lambda: vllm_engine.dummy_batch_state(
+        lambda: vllm_engine_partial_wake_up.dummy_batch_state(
             Code(DUMMY, ("self",)),
             Code("ifnotself.model_executor.is_sleeping:self.execute_dummy_batch()", ()),
         ),
         "fixed",
     ),
     "engine: unknown wake_up": (
-        lambda: vllm_engine.partial_wake_up_rule(Code("pass", ("self", "tags")), None, None),
+        lambda: vllm_engine_partial_wake_up.partial_wake_up_rule(Code("pass", ("self", "tags")), None, None),
         "unsupported",
     ),
     # ascend.routed_experts_capture
@@ -129,44 +134,53 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "capture: already imported": (lambda: ascend_capture.capture_rule(CAPTURE, None, True), "fixed-upstream"),
     "capture: no module": (lambda: ascend_capture.capture_rule(None, None), "unsupported"),
-    # ascend.rms_norm_residual, ascend.sfa_keep_kv_b_proj, ascend.sfa_indexer_scale (_glm52_rules)
+    # ascend.rms_norm_residual, ascend.sfa_keep_kv_b_proj, ascend.sfa_indexer_scale (glm52_rules)
     "rms_norm: fused add": (
-        lambda: _glm52_rules.rms_norm_rule(Code("torch_npu.npu_add_rms_norm(x,residual,w)", ("self", "x", "residual"))),
+        lambda: glm52_rules.rms_norm_rule(Code("torch_npu.npu_add_rms_norm(x,residual,w)", ("self", "x", "residual"))),
         "apply",
     ),
     "rms_norm: explicit residual": (
-        lambda: _glm52_rules.rms_norm_rule(
+        lambda: glm52_rules.rms_norm_rule(
             Code("residual=x+residualtorch_npu.npu_rms_norm(residual,self.weight)", ("self", "x", "residual"))
         ),
         "fixed-upstream",
     ),
     "kv_b_proj: disposed": (
-        lambda: _glm52_rules.kv_b_proj_rule(Code("dispose_layer(self.kv_b_proj)", ("self", "act_dtype")), True),
+        lambda: glm52_rules.kv_b_proj_rule(Code("dispose_layer(self.kv_b_proj)", ("self", "act_dtype")), True),
         "apply",
     ),
     "kv_b_proj: kept in RL mode, which is on": (
-        lambda: _glm52_rules.kv_b_proj_rule(Code(_glm52_rules.RL_KEEPS, ("self", "act_dtype")), True, True),
+        lambda: glm52_rules.kv_b_proj_rule(Code(glm52_rules.RL_KEEPS, ("self", "act_dtype")), True, True),
         "fixed-upstream",
     ),
     "kv_b_proj: no dispose_layer global": (
-        lambda: _glm52_rules.kv_b_proj_rule(Code("dispose_layer(self.kv_b_proj)", ("self", "act_dtype")), False),
+        lambda: glm52_rules.kv_b_proj_rule(Code("dispose_layer(self.kv_b_proj)", ("self", "act_dtype")), False),
         "unsupported",
     ),
-    "indexer: unscaled weights": (lambda: _glm52_rules.indexer_rule(Code("", POST), Code(IMPL, ())), "apply"),
+    "indexer: unscaled weights": (lambda: glm52_rules.indexer_rule(Code("", POST), Code(IMPL, ())), "apply"),
     "indexer: already scaled": (
-        lambda: _glm52_rules.indexer_rule(Code("", POST), Code("w=w*n_head**-0.5*head_dim**-0.5", ())),
+        lambda: glm52_rules.indexer_rule(Code("", POST), Code("w=w*n_head**-0.5*head_dim**-0.5", ())),
         "fixed-upstream",
     ),
     "indexer backend: unscaled kw": (
-        lambda: _glm52_rules.indexer_backend_rule(
-            Code("", POST[1:]), Code(f"weights=kw[:,self.head_dim:]{_glm52_rules.BACKEND_CALL}x)", ()), None
+        lambda: glm52_rules.indexer_backend_rule(
+            Code("", POST[1:]), Code(f"weights=kw[:,self.head_dim:]{glm52_rules.BACKEND_CALL}x)", ()), None
         ),
         "apply",
     ),
     # torch_npu.nested_tensor_intercept
-    "nested: intercepted": (lambda: torch_npu_nested.nested_rule({"a": "intercept", "b": "plain"}), "apply"),
-    "nested: torch's own": (lambda: torch_npu_nested.nested_rule({"a": "plain", "b": "ours"}), "fixed-upstream"),
-    "nested: someone else's": (lambda: torch_npu_nested.nested_rule({"a": "foreign", "b": "plain"}), "unsupported"),
+    "nested: intercepted": (
+        lambda: torch_npu_nested_tensor_intercept.nested_rule({"a": "intercept", "b": "plain"}),
+        "apply",
+    ),
+    "nested: torch's own": (
+        lambda: torch_npu_nested_tensor_intercept.nested_rule({"a": "plain", "b": "ours"}),
+        "fixed-upstream",
+    ),
+    "nested: someone else's": (
+        lambda: torch_npu_nested_tensor_intercept.nested_rule({"a": "foreign", "b": "plain"}),
+        "unsupported",
+    ),
     # transformers.*.deepstack_clone
     "deepstack: in-place write": (
         lambda: transformers_deepstack.deepstack_rule(Code(transformers_deepstack.IN_PLACE, DEEPSTACK)),
@@ -184,14 +198,18 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     "moe: other loader": (lambda: vllm_moe.parameters_rule("L.weight_loader", ("self",), "f"), "unsupported"),
     # vllm.rotary_flash_attn_guard
     "rotary: unguarded import": (
-        lambda: vllm_rotary.rotary_rule(vllm_rotary.EXPECTED_SIGNATURE, _rotary(ROTARY_BODY), "f"),
+        lambda: vllm_rotary_flash_attn_guard.rotary_rule(
+            vllm_rotary_flash_attn_guard.EXPECTED_SIGNATURE, _rotary(ROTARY_BODY), "f"
+        ),
         "apply",
     ),
     "rotary: guarded import": (
-        lambda: vllm_rotary.rotary_rule(vllm_rotary.EXPECTED_SIGNATURE, _rotary(ROTARY_GUARDED), "f"),
+        lambda: vllm_rotary_flash_attn_guard.rotary_rule(
+            vllm_rotary_flash_attn_guard.EXPECTED_SIGNATURE, _rotary(ROTARY_GUARDED), "f"
+        ),
         "fixed-upstream",
     ),
-    "rotary: another signature": (lambda: vllm_rotary.rotary_rule("(self)", [], "f"), "unsupported"),
+    "rotary: another signature": (lambda: vllm_rotary_flash_attn_guard.rotary_rule("(self)", [], "f"), "unsupported"),
 }
 
 
@@ -216,7 +234,7 @@ def _apply_liger_kernel_to_toy(rope: bool = True, swiglu: bool = True, rms_norm:
 
 
 def test_liger_rebound_names_reads_each_switchs_branches() -> None:
-    assert liger.rebound_names(_apply_liger_kernel_to_toy) == {
+    assert liger_arbitration.rebound_names(_apply_liger_kernel_to_toy) == {
         "rope": {"apply_rotary_pos_emb"},
         "swiglu": {"ToyMLP"},
         "rms_norm": {"ToyRMSNorm"},

@@ -22,7 +22,9 @@ def test_every_builtin_site_is_under_a_watched_package() -> None:
 
 
 def test_the_catalogue_holds_every_public_module_of_patches_and_no_helper() -> None:
-    on_disk = {p.stem for p in Path(patches.__file__).parent.glob("*.py") if not p.stem.startswith("_")}
+    folder = Path(patches.__file__).parent  # a family is a public module or subpackage of patches/
+    on_disk = {p.stem for p in folder.glob("*.py")} | {p.parent.name for p in folder.glob("*/__init__.py")}
+    on_disk = {name for name in on_disk if not name.startswith("_")}
     found = [m.__name__.rpartition(".")[2] for m in catalog.families()]
     assert set(found) == on_disk and len(found) == len(on_disk)
     assert not any(name.startswith("_") for name in found)

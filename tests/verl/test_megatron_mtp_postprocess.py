@@ -13,10 +13,10 @@ import torch
 
 from tests.support import upstream
 from tests.verl.helpers import record, release_root, start
-from verl_npu_autopatch.patches import megatron_mtp
+from verl_npu_autopatch.patches import megatron_mtp_postprocess
 
 NAME = "megatron.mtp_postprocess"
-GPT = megatron_mtp.GPT
+GPT = megatron_mtp_postprocess.GPT
 
 
 def _gpt_module(version: str) -> types.ModuleType:
@@ -85,7 +85,7 @@ def test_real_0_16_1_crashes_without_the_patch(megatron: Any) -> None:
 
 def test_check_applies_on_0_16_1_and_the_wrapper_hands_none_then_restores_zero(megatron: Any, engines: list) -> None:
     module = megatron("0.16.1")
-    engine = start(engines, megatron_mtp.PATCHES)
+    engine = start(engines, megatron_mtp_postprocess.PATCHES)
     assert record(engine, NAME) == ("applied", "fix installed")
 
     model = _model(module, 0)
@@ -112,7 +112,7 @@ def test_check_applies_on_0_16_1_and_the_wrapper_hands_none_then_restores_zero(m
 @pytest.mark.parametrize("version", ["0.17.0rc0", "0.19.2"])
 def test_check_says_fixed_upstream_on_the_truthy_releases(megatron: Any, engines: list, version: str) -> None:
     module = megatron(version)
-    engine = start(engines, megatron_mtp.PATCHES)
+    engine = start(engines, megatron_mtp_postprocess.PATCHES)
     state, reason = record(engine, NAME)
     assert state == "fixed-upstream", reason
     assert "truth" in reason
@@ -122,7 +122,7 @@ def test_check_says_fixed_upstream_on_the_truthy_releases(megatron: Any, engines
 
 def test_check_says_unsupported_on_0_15_3(megatron: Any, engines: list) -> None:
     megatron("0.15.3")
-    engine = start(engines, megatron_mtp.PATCHES)
+    engine = start(engines, megatron_mtp_postprocess.PATCHES)
     state, reason = record(engine, NAME)
     assert state == "unsupported"
     assert "self.mtp_process" in reason

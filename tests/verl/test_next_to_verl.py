@@ -19,7 +19,7 @@ import torch
 from tests.support import upstream
 from tests.verl.helpers import record, start
 from tests.verl.test_torch_npu_nested import _jagged, standin  # noqa: F401  (fixture)
-from verl_npu_autopatch.patches import tensordict_sync, torch_npu_nested
+from verl_npu_autopatch.patches import tensordict_npu_sync, torch_npu_nested_tensor_intercept
 
 SYNC = "tensordict.npu_sync"
 
@@ -68,7 +68,7 @@ def sync_all() -> Any:
 
 
 def test_verl_after_us_takes_sync_all_and_the_record_says_so(sync_all: None, engines: list) -> None:
-    engine = start(engines, tensordict_sync.PATCHES)
+    engine = start(engines, tensordict_npu_sync.PATCHES)
     assert record(engine, SYNC) == ("applied", "fix installed")
     ours = tensordict.base.TensorDictBase._sync_all
     verl = verl_sync_all()
@@ -83,19 +83,19 @@ def test_verl_after_us_takes_sync_all_and_the_record_says_so(sync_all: None, eng
 def test_verl_before_us_keeps_sync_all(sync_all: None, engines: list) -> None:
     verl = verl_sync_all()
     tensordict.base.TensorDictBase._sync_all = verl
-    engine = start(engines, tensordict_sync.PATCHES)
+    engine = start(engines, tensordict_npu_sync.PATCHES)
     assert record(engine, SYNC) == ("yielded", "target owned by verl (verl._sync_all_patch)")
     assert tensordict.base.TensorDictBase._sync_all is verl
 
 
 def test_verl_restore_leaves_our_nested_passthrough_in_place(standin: None, engines: list) -> None:  # noqa: F811
-    engine = start(engines, torch_npu_nested.PATCHES)
+    engine = start(engines, torch_npu_nested_tensor_intercept.PATCHES)
     import torch_npu  # noqa: F401  (ours replaces the stand-in intercept)
 
     ours = torch.nested.nested_tensor
-    assert torch_npu_nested.kind(ours) == "ours"
+    assert torch_npu_nested_tensor_intercept.kind(ours) == "ours"
     verl_nested_restore()  # verl unwraps anything with __wrapped__; ours has none
     assert torch.nested.nested_tensor is ours
-    assert record(engine, torch_npu_nested.NAME) == ("applied", "fix installed")
+    assert record(engine, torch_npu_nested_tensor_intercept.NAME) == ("applied", "fix installed")
     assert _jagged().is_nested
     assert "torch_npu" in sys.modules

@@ -15,7 +15,7 @@ from tensordict import TensorDict
 
 from tests.support import upstream
 from tests.verl.helpers import record, release_root, start
-from verl_npu_autopatch.patches import tensordict_sync
+from verl_npu_autopatch.patches import tensordict_npu_sync
 from verl_npu_autopatch.patches._fingerprints import Code
 
 NAME = "tensordict.npu_sync"
@@ -56,7 +56,7 @@ def test_non_blocking_copy_synchronizes_the_npu_after_the_patch_only(npu: Counti
     _batch().to("cpu")  # non_blocking=None: tensordict copies non-blocking and then calls _sync_all
     assert npu.synchronized == 0, "tensordict 0.9.1 alone never synchronizes a non-CUDA/MPS device"
 
-    engine = start(engines, tensordict_sync.PATCHES)
+    engine = start(engines, tensordict_npu_sync.PATCHES)
     assert record(engine, NAME) == ("applied", "fix installed")
     moved = _batch().to("cpu")
     assert npu.synchronized == 1
@@ -71,7 +71,7 @@ def test_non_blocking_copy_synchronizes_the_npu_after_the_patch_only(npu: Counti
 
 
 def test_cuda_guards_still_hold(monkeypatch: pytest.MonkeyPatch, npu: CountingDevice, engines: list) -> None:
-    start(engines, tensordict_sync.PATCHES)
+    start(engines, tensordict_npu_sync.PATCHES)
     calls: list[str] = []
     initialized = [False]
     monkeypatch.setattr(torch._utils, "_get_available_device_type", lambda: "cuda")
@@ -96,7 +96,7 @@ def test_check_on_the_real_0_10_0_source_records_fixed_upstream(monkeypatch: pyt
     )
     monkeypatch.setitem(sys.modules, "tensordict.base", base)  # the hook fires on this module
 
-    engine = start(engines, tensordict_sync.PATCHES)
+    engine = start(engines, tensordict_npu_sync.PATCHES)
     state, reason = record(engine, NAME)
     assert state == "fixed-upstream"
     assert "_get_device_module" in reason
@@ -105,5 +105,5 @@ def test_check_on_the_real_0_10_0_source_records_fixed_upstream(monkeypatch: pyt
 
 def test_unknown_body_is_unsupported() -> None:
     code = Code("defsync(self):pass", ("self",))
-    assert tensordict_sync.sync_rule(code).action == "unsupported"
-    assert tensordict_sync.sync_rule(Code("", ("self", "x"))).action == "unsupported"
+    assert tensordict_npu_sync.sync_rule(code).action == "unsupported"
+    assert tensordict_npu_sync.sync_rule(Code("", ("self", "x"))).action == "unsupported"

@@ -13,16 +13,16 @@ import pytest
 import torch
 
 from tests.verl.helpers import record, start
-from verl_npu_autopatch.patches import torch_npu_nested
+from verl_npu_autopatch.patches import torch_npu_nested_tensor_intercept
 
-NAME = torch_npu_nested.NAME
+NAME = torch_npu_nested_tensor_intercept.NAME
 STANDIN = Path(__file__).resolve().parent / "standin"
 
 
 @pytest.fixture
 def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The stand-in ``torch_npu`` is importable; ``torch.nested`` and ``sys.modules`` are restored."""
-    saved = {name: getattr(torch.nested, name) for name in torch_npu_nested.FUNCTIONS}
+    saved = {name: getattr(torch.nested, name) for name in torch_npu_nested_tensor_intercept.FUNCTIONS}
     monkeypatch.syspath_prepend(str(STANDIN))
     yield
     for name, fn in saved.items():
@@ -53,13 +53,13 @@ def _foreign(fn: Any, calls: list[str]) -> Any:
 def test_the_standin_intercept_raises_without_the_patch(standin: None) -> None:
     import torch_npu  # noqa: F401
 
-    assert torch_npu_nested.is_intercept(torch.nested.nested_tensor)
+    assert torch_npu_nested_tensor_intercept.is_intercept(torch.nested.nested_tensor)
     with pytest.raises(RuntimeError, match="not supported in npu"):
         _jagged()
 
 
 def test_intercept_is_removed_and_jagged_nested_tensors_build(standin: None, engines: list) -> None:
-    engine = start(engines, torch_npu_nested.PATCHES)
+    engine = start(engines, torch_npu_nested_tensor_intercept.PATCHES)
     assert record(engine, NAME)[0] == "pending"
     import torch_npu  # noqa: F401  (the post-import hook applies the patch once torch_npu has loaded)
 
@@ -68,10 +68,12 @@ def test_intercept_is_removed_and_jagged_nested_tensors_build(standin: None, eng
     assert nested.is_nested and nested.size(0) == 2
     assert [t.tolist() for t in nested.unbind()] == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0, 4.0]]
     assert _as_jagged().is_nested
-    assert not torch_npu_nested.is_intercept(torch.nested.nested_tensor)
+    assert not torch_npu_nested_tensor_intercept.is_intercept(torch.nested.nested_tensor)
 
     engine.revert()
-    assert torch_npu_nested.is_intercept(torch.nested.nested_tensor), "undo puts torch_npu's wrapper back"
+    assert torch_npu_nested_tensor_intercept.is_intercept(torch.nested.nested_tensor), (
+        "undo puts torch_npu's wrapper back"
+    )
     with pytest.raises(RuntimeError, match="not supported in npu"):
         _jagged()
 
@@ -79,7 +81,7 @@ def test_intercept_is_removed_and_jagged_nested_tensors_build(standin: None, eng
 def test_torch_npu_imported_before_activation(standin: None, engines: list) -> None:
     import torch_npu  # noqa: F401
 
-    engine = start(engines, torch_npu_nested.PATCHES)
+    engine = start(engines, torch_npu_nested_tensor_intercept.PATCHES)
     assert record(engine, NAME)[0] == "applied"
     assert _jagged().is_nested
 
@@ -91,7 +93,7 @@ def test_another_modules_wrapper_is_left_in_place_and_recorded(
     calls: list[str] = []
     foreign = _foreign(torch.nested.nested_tensor, calls)
     torch.nested.nested_tensor = foreign
-    engine = start(engines, torch_npu_nested.PATCHES)
+    engine = start(engines, torch_npu_nested_tensor_intercept.PATCHES)
     import torch_npu  # noqa: F401
 
     state, reason = record(engine, NAME)
@@ -106,18 +108,18 @@ def test_only_torch_npus_layer_is_removed_over_another_wrapper(standin: None, en
     calls: list[str] = []
     foreign = _foreign(torch.nested.nested_tensor, calls)
     torch.nested.nested_tensor = foreign  # installed first; torch_npu wraps it on import
-    engine = start(engines, torch_npu_nested.PATCHES)
+    engine = start(engines, torch_npu_nested_tensor_intercept.PATCHES)
     import torch_npu  # noqa: F401
 
     assert record(engine, NAME)[0] == "applied"
-    assert torch_npu_nested.kind(torch.nested.nested_tensor) == "ours"
+    assert torch_npu_nested_tensor_intercept.kind(torch.nested.nested_tensor) == "ours"
     assert _jagged().is_nested
     assert calls == ["nested_tensor"], "the other wrapper still runs"
 
 
 def test_no_intercept_is_fixed_upstream(standin: None, engines: list, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STANDIN_TORCH_NPU_INTERCEPT", "0")
-    engine = start(engines, torch_npu_nested.PATCHES)
+    engine = start(engines, torch_npu_nested_tensor_intercept.PATCHES)
     import torch_npu  # noqa: F401
 
     state, reason = record(engine, NAME)
@@ -131,6 +133,6 @@ def test_a_wrapper_elsewhere_named_like_torch_npus_is_not_taken_for_it() -> None
         return None
 
     wrapper.__wrapped__ = torch.nested.nested_tensor  # type: ignore[attr-defined]
-    wrapper.__module__ = torch_npu_nested.INTERCEPT
-    assert not torch_npu_nested.is_intercept(wrapper)
-    assert torch_npu_nested.kind(wrapper) == "foreign"
+    wrapper.__module__ = torch_npu_nested_tensor_intercept.INTERCEPT
+    assert not torch_npu_nested_tensor_intercept.is_intercept(wrapper)
+    assert torch_npu_nested_tensor_intercept.kind(wrapper) == "foreign"

@@ -30,11 +30,11 @@ from tests.support import verl_upstream
 from tests.vllm.test_vllm_moe import INTER, E, H, checkpoint, load, reference, to_runtime_layout
 from tests.vllm.vllm_support import build_moe, moe_layer_class, record
 from verl_npu_autopatch.engine import Engine
-from verl_npu_autopatch.patches import verl_vllm, vllm_moe, vllm_rotary
+from verl_npu_autopatch.patches import verl_defer_duplicates, vllm_moe, vllm_rotary_flash_attn_guard
 from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, verl_owned
 from verl_npu_autopatch.patching import MARKER
 
-ROTARY, LOADER, DEFERS = vllm_rotary.PATCHES[0], vllm_moe.PATCHES[0], verl_vllm.PATCHES[0]
+ROTARY, LOADER, DEFERS = vllm_rotary_flash_attn_guard.PATCHES[0], vllm_moe.PATCHES[0], verl_defer_duplicates.PATCHES[0]
 FORCED = dataclasses.replace(ROTARY, check=None)
 VERL_INIT = "verl.utils.vllm.npu_vllm_patch.patch_vllm013_rotary_emb.<locals>.vllm013_npu_rotary_embedding_init_impl"
 VERL_LOADER = "verl.utils.vllm.npu_vllm_patch.vllm_v013_weight_loader_method_wrapper.<locals>.wrapper"

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.vllm import vnpa_child
-from verl_npu_autopatch.patches import vllm_moe, vllm_rotary
+from verl_npu_autopatch.patches import vllm_moe, vllm_rotary_flash_attn_guard
 from verl_npu_autopatch.spec import Site
 
 MOE, ROTARY = "vllm.moe_weight_loader", "vllm.rotary_flash_attn_guard"
@@ -30,7 +30,7 @@ def expected_rotary_state() -> str:
     """What the rotary patch's check says about the installed class (``applied`` when it applies)."""
     from vllm.model_executor.layers.rotary_embedding import common
 
-    patch = vllm_rotary.PATCHES[0]
+    patch = vllm_rotary_flash_attn_guard.PATCHES[0]
     cls = common.ApplyRotaryEmb
     site = Site(patch, patch.targets[0], common, cls, "__init__", cls.__dict__["__init__"])
     action = patch.check(site).action
@@ -266,4 +266,4 @@ def test_patch_catalogue_lists_both_vllm_patches() -> None:
 
     names = [p.name for p in catalog.builtin()]
     assert MOE in names and ROTARY in names
-    assert vllm_moe.PATCHES[0].groups == vllm_rotary.PATCHES[0].groups == ("vllm",)
+    assert vllm_moe.PATCHES[0].groups == vllm_rotary_flash_attn_guard.PATCHES[0].groups == ("vllm",)

@@ -35,7 +35,7 @@
   placeholder backend (no ``DeviceOperator``, no ``forward``), and the unscaled code is still
   ``AscendSFAImpl.indexer_select_post_process`` in sfa_v1. Live, the indexer variant resolves only
   where that module has ``DeviceOperator``, and a variant whose check says unsupported hands over
-  to the next; the static rule follows the same order (``_glm52_static.static_indexer``).
+  to the next; the static rule follows the same order (``static.static_indexer``).
 
 Each patch's decision is a pure rule over :class:`~._fingerprints.Code` values, used by ``check`` on the
 live target and by ``scripts/compat-matrix`` (the patch's ``static`` rule) on a release's source.
@@ -47,8 +47,8 @@ the indexer scale and kv_b_proj fixes (equivalent to verl's) record ``yielded``;
 
 This module is the family: the live checks, the fixes and ``PATCHES``. Its helpers, each with one job:
 
-- ``_glm52_rules``: the decisions, pure rules over ``Code`` values, with the upstream names they read;
-- ``_glm52_static``: the static rules, those decisions on a release's source (the decision table).
+- ``rules``: the decisions, pure rules over ``Code`` values, with the upstream names they read;
+- ``static``: the static rules, those decisions on a release's source (the decision table).
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.patches._glm52_rules import (
+from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, over_verl, peel, yield_to_verl
+from verl_npu_autopatch.patches.ascend_glm52.rules import (
     DEVICE_OP_FILE,
     INDEXER,
     INDEXER_FILE,
@@ -73,8 +74,7 @@ from verl_npu_autopatch.patches._glm52_rules import (
     kv_b_proj_rule,
     rms_norm_rule,
 )
-from verl_npu_autopatch.patches._glm52_static import static_indexer, static_kv_b_proj, static_rms_norm
-from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, over_verl, peel, yield_to_verl
+from verl_npu_autopatch.patches.ascend_glm52.static import static_indexer, static_kv_b_proj, static_rms_norm
 from verl_npu_autopatch.patching import chain, replace_method, set_marked
 from verl_npu_autopatch.spec import Patch, Site, StaticRule, Target, Undo, Verdict
 

@@ -1,6 +1,6 @@
 """The static rules of the GLM-5.2 vllm-ascend patches (``ascend_glm52``): each decides on a
 release's source (an :class:`~._fingerprints.UpstreamTree`, read with :mod:`ast`, never run) with
-the same rule ``check`` applies to the live code (``_glm52_rules``), for ``scripts/compat-matrix``."""
+the same rule ``check`` applies to the live code (``rules``), for ``scripts/compat-matrix``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ast
 from collections.abc import Callable
 
 from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree
-from verl_npu_autopatch.patches._glm52_rules import (
+from verl_npu_autopatch.patches.ascend_glm52.rules import (
     DEVICE_OP,
     INDEXER,
     LAYERNORM,
