@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from tests.ascend import doubles
-from tests.ascend.test_camem import load_camem, sleep_events
-from tests.ascend.test_engine_wake_up import make_engine_core
+from tests.ascend.test_ascend_camem_sleep_sync import load_camem, sleep_events
 from tests.ascend.test_rms_norm import EPS, HIDDEN, make_layer, reference_rms_norm
 from tests.ascend.test_sfa import HEAD_DIM, N_HEAD, build_sfa, make_impl, run_indexer
+from tests.ascend.test_vllm_engine_partial_wake_up import make_engine_core
 from tests.support import upstream, verl_upstream
 from verl_npu_autopatch.patches import ascend_camem_sleep_sync, ascend_glm52, vllm_engine_partial_wake_up
 from verl_npu_autopatch.patches._verl import GLM52_MARKER, verl_owned

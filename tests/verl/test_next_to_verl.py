@@ -18,7 +18,7 @@ import torch
 
 from tests.support import upstream
 from tests.verl.helpers import record, start
-from tests.verl.test_torch_npu_nested import _jagged, standin  # noqa: F401  (fixture)
+from tests.verl.test_torch_npu_nested_tensor_intercept import _jagged, standin  # noqa: F401  (fixture)
 from verl_npu_autopatch.patches import tensordict_npu_sync, torch_npu_nested_tensor_intercept
 
 SYNC = "tensordict.npu_sync"
