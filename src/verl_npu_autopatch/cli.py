@@ -95,6 +95,7 @@ def status_data() -> dict[str, Any]:
                 "reason": inert if state == "inactive" else plan.reason,
                 "targets": [str(t) for t in (plan.variants or patch.hooks)],
                 "touches": touches(patch),
+                "defined_at": patch.defined_at,
                 "versions": plan.versions,
             }
         )
@@ -178,7 +179,7 @@ def print_status(data: dict[str, Any], full: bool = False) -> None:
     if data["patches"]:
         print("\nwhat each patch touches:")
         for plan in data["patches"]:
-            print(f"  {plan['name']}:")
+            print(f"  {plan['name']} ({plan['defined_at']}):")
             for line in plan["touches"]:
                 say(line, indent="    ")
 
@@ -194,6 +195,7 @@ def catalogue_data() -> list[dict[str, Any]]:
             "requires": list(p.requires),
             "targets": [_with_requires(t) for t in p.targets],
             "touches": touches(p),
+            "defined_at": p.defined_at,
             "summary": p.summary,
             "reference": p.reference,
         }

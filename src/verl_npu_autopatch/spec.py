@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -149,6 +150,10 @@ class Patch:
     engine hooks and resolves the ``Site`` on them instead of on ``targets``; e.g. a package's
     ``__file__``); ``secondary`` are further attributes the fix replaces besides the target;
     ``static`` is its rule on a release's source for the decision table.
+
+    ``defined_at`` (``path.py:line``, shown by ``list --json`` and ``status --all``) is filled in
+    when the patch is made: the line of the family (or plugin) that made it, past the helpers in
+    ``patches/_*.py`` that build patches for families.
     """
 
     name: str
@@ -167,6 +172,7 @@ class Patch:
     secondary: tuple[Target, ...] = ()
     computed: tuple[ComputedSites, ...] = ()
     static: StaticRule | None = None
+    defined_at: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not self.name or " " in self.name:
@@ -175,6 +181,8 @@ class Patch:
             raise ValueError(f"patch {self.name} has no targets")
         if self.device not in ("npu-stack", "npu-device", "any"):
             raise ValueError(f"patch {self.name}: unknown device requirement {self.device!r}")
+        if not self.defined_at:
+            object.__setattr__(self, "defined_at", _maker())
 
     @property
     def hooks(self) -> tuple[Target, ...]:
@@ -185,3 +193,21 @@ class Patch:
     def touches(self) -> tuple[Target, ...]:
         """Every place the patch declares: hooks first, then targets and secondary sites."""
         return tuple(dict.fromkeys((*self.triggers, *self.targets, *self.secondary)))
+
+
+def _maker() -> str:
+    """``path.py:line`` of the code making a :class:`Patch` (the first frame outside this module
+    and the ``patches/_*.py`` helpers), the path as deep as its module's dotted name."""
+    frame = sys._getframe(2)  # _maker <- __post_init__ <- the dataclass __init__
+    while frame.f_back is not None and _builder(frame.f_globals.get("__name__") or ""):
+        frame = frame.f_back
+    path = frame.f_code.co_filename.replace("\\", "/").split("/")
+    name = frame.f_globals.get("__name__") or ""
+    depth = name.count(".") + 1 + (path[-1] == "__init__.py")
+    return f"{'/'.join(path[-depth:])}:{frame.f_lineno}"
+
+
+def _builder(module: str) -> bool:
+    """Whether ``module`` makes patches for others: this module or a
+    family helper (``verl_npu_autopatch.patches._*``)."""
+    return module == __name__ or module.startswith("verl_npu_autopatch.patches._")
