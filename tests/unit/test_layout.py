@@ -167,6 +167,12 @@ def test_the_where_things_live_map_names_every_module_and_imports_point_down_it(
     assert upward == []
 
 
+def test_the_map_names_every_patches_helper() -> None:
+    text = (SRC.parent / "docs" / "index.md").read_text(encoding="utf-8").split("## Where things live", 1)[1]
+    helpers = {p.stem for p in (PACKAGE / "patches").glob("_*.py")} - {"__init__"}
+    assert {h for h in helpers if f"`{h}`" not in text and f"`{h}.py`" not in text} == set()
+
+
 def test_a_plainly_inert_host_is_inert_by_the_one_device_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     # the start-up module's loader decides "inert" alone only where the configuration could not
     # say otherwise; every such environment is inert by _activation.inert_here as well
