@@ -1,0 +1,43 @@
+"""The patch contract (``tests/support/contract.py``) for the patches whose targets are vllm-ascend
+or a vLLM release other than the installed one: their modules cannot be installed here, so the
+release's own files are loaded (with the CPU doubles) by the fixtures of their tests, and the
+contract runs on those modules as on imported ones."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+
+from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
+from tests.ascend.test_verl_ascend_coexistence import glm  # noqa: F401  (fixture)
+from tests.ascend.test_vllm_engine_partial_wake_up import core_023  # noqa: F401  (fixture)
+from tests.support import contract
+from verl_npu_autopatch.patches import ascend_camem_sleep_sync, ascend_glm52, vllm_engine_partial_wake_up
+
+
+def _applied(patches: list[Any]) -> dict[str, set[str]]:
+    live = contract.live_patches(patches)
+    assert [p.name for p in live] == [p.name for p in patches]  # the fixture made every target importable
+    return {p.name: contract.check_contract(p).changed for p in live}
+
+
+def test_camem_on_vllm_ascend_0_23(camem_023: types.ModuleType) -> None:  # noqa: F811  (the fixture)
+    assert _applied(ascend_camem_sleep_sync.PATCHES) == {
+        "ascend.camem_sleep_sync": {"vllm_ascend.device_allocator.camem:CaMemAllocator.sleep"}
+    }
+
+
+def test_partial_wake_up_on_vllm_0_23_changes_its_target_and_its_secondary_site(core_023: types.ModuleType) -> None:  # noqa: F811
+    core = "vllm.v1.engine.core"
+    assert _applied(vllm_engine_partial_wake_up.PATCHES) == {
+        "vllm.engine_partial_wake_up": {f"{core}:EngineCore.wake_up", f"{core}:DPEngineCoreProc.execute_dummy_batch"}
+    }
+
+
+@pytest.mark.parametrize("patch", ascend_glm52.PATCHES, ids=lambda patch: patch.name)
+def test_glm52_on_vllm_ascend_0_23(glm: types.SimpleNamespace, patch: Any) -> None:  # noqa: F811
+    changed = _applied([patch])[patch.name]
+    declared = {str(t) for t in (*patch.targets, *patch.secondary)}
+    assert changed and changed <= declared, changed
