@@ -83,10 +83,12 @@ def _declared_modules(patch: Patch) -> list[ModuleType]:
     return [importlib.import_module(n) for n in dict.fromkeys(names) if _imports(n)]
 
 
-def _holders(module: ModuleType, patch: Patch) -> dict[str, type]:
+def _holders(module: ModuleType, patch: Patch) -> dict[str, Any]:
     """The classes of ``module`` whose attributes a site may be: those defined there, and every
-    class on the path of a declared target in it."""
-    holders = {n: v for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__}
+    class or module on the path of a declared target in it (``torch_npu:torch.nested.x``)."""
+    holders: dict[str, Any] = {
+        n: v for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__
+    }
     for target in (*patch.targets, *patch.secondary):
         if target.module != module.__name__:
             continue
@@ -94,7 +96,7 @@ def _holders(module: ModuleType, patch: Patch) -> dict[str, type]:
         parts = target.qualname.split(".")
         for depth, part in enumerate(parts[:-1]):
             holder = getattr(holder, part, None)
-            if isinstance(holder, type):
+            if isinstance(holder, (type, ModuleType)):
                 holders[".".join(parts[: depth + 1])] = holder
     return holders
 

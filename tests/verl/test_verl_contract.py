@@ -3,9 +3,14 @@ in this suite's environment, on the real upstream modules."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.support import contract
+from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
+from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
+from verl_npu_autopatch.patches import megatron_mtp_postprocess, torch_npu_nested_tensor_intercept
 from verl_npu_autopatch.spec import Patch
 
 LIVE = contract.live_patches()
@@ -18,3 +23,19 @@ def test_the_patch_keeps_its_contract(patch: Patch) -> None:
 
 def test_tensordict_sync_is_live_and_applies_on_tensordict_0_9_1() -> None:
     assert [(p.name, contract.check_contract(p).state) for p in LIVE] == [("tensordict.npu_sync", "applied")]
+
+
+def test_megatron_mtp_on_megatron_core_0_16_1(megatron: Any) -> None:  # noqa: F811  (the fixture)
+    megatron("0.16.1")
+    (patch,) = contract.live_patches(megatron_mtp_postprocess.PATCHES)
+    finding = contract.check_contract(patch)
+    assert (finding.state, finding.changed) == ("applied", {f"{megatron_mtp_postprocess.GPT}:GPTModel._postprocess"})
+
+
+def test_torch_npu_nested_intercept_on_the_stand_in(standin: None) -> None:  # noqa: F811  (the fixture)
+    import torch_npu  # noqa: F401  (the stand-in: torch_npu's intercept over torch.nested)
+
+    (patch,) = contract.live_patches(torch_npu_nested_tensor_intercept.PATCHES)
+    finding = contract.check_contract(patch)
+    functions = {f"torch_npu:torch.nested.{name}" for name in torch_npu_nested_tensor_intercept.FUNCTIONS}
+    assert (finding.state, finding.changed) == ("applied", functions)
