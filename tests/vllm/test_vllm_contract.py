@@ -3,9 +3,13 @@ in this suite's environment, on the real upstream modules."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from tests.support import contract
+from tests.support import contract, verl_upstream
+from tests.vllm.test_verl_vllm_coexistence import common, verl, verl_root  # noqa: F401  (fixtures)
+from verl_npu_autopatch.patches import verl_defer_duplicates
 from verl_npu_autopatch.spec import Patch
 
 LIVE = contract.live_patches()
@@ -24,3 +28,11 @@ def test_what_each_vllm_patch_decides_on_this_vllm() -> None:
         "vllm.rotary_flash_attn_guard": "fixed-upstream",
         "vllm.engine_partial_wake_up": "fixed-upstream",
     }
+
+
+def test_verl_defer_duplicates_on_verl_0_9_1(verl: Any) -> None:  # noqa: F811  (the fixture)
+    """verl's own ``npu_vllm_patch`` module (release 0.9.1) imported, its ``apply_npu_vllm_patches`` not run."""
+    module = verl_upstream.patch_module()
+    (patch,) = contract.live_patches(verl_defer_duplicates.PATCHES)
+    finding = contract.check_contract(patch)
+    assert (finding.state, finding.changed) == ("applied", {f"{module.__name__}:patch_vllm013_rotary_emb"})
