@@ -18,6 +18,7 @@ from verl_npu_autopatch.patches import (
     tensordict_npu_sync,
     torch_npu_nested_tensor_intercept,
     transformers_deepstack,
+    verl_defer_duplicates,
     vllm_engine_partial_wake_up,
     vllm_moe,
     vllm_rotary_flash_attn_guard,
@@ -189,6 +190,19 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     "deepstack: cloned": (
         lambda: transformers_deepstack.deepstack_rule(Code(transformers_deepstack.CLONED, DEEPSTACK)),
         "fixed-upstream",
+    ),
+    # verl.defer_duplicates
+    "defer: verl's rotary patcher": (
+        lambda: verl_defer_duplicates.rotary_patcher_rule(Code("ApplyRotaryEmb.__init__=init", ()), True),
+        "apply",
+    ),
+    "defer: not verl's": (
+        lambda: verl_defer_duplicates.rotary_patcher_rule(Code("ApplyRotaryEmb.__init__=init", ()), False),
+        "unsupported",
+    ),
+    "defer: assigns nothing": (
+        lambda: verl_defer_duplicates.rotary_patcher_rule(Code("pass", ()), True),
+        "unsupported",
     ),
     # vllm.moe_weight_loader
     "moe: known loader": (

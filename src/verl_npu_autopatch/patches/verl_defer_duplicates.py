@@ -55,13 +55,17 @@ def keeper(engine: HandOver | None) -> str | None:
     return None
 
 
-def _check(site: Site) -> Verdict:
-    code = Code.live(site.value)
-    if verl_owned(site.value) is None or code.params != ():
+def rotary_patcher_rule(code: Code, by_verl: bool) -> Verdict:
+    """Decide on verl's ``patch_vllm013_rotary_emb`` (``by_verl``: its code is verl's)."""
+    if not by_verl or code.params != ():
         return unsupported(f"verl's {PATCH_MODULE}.patch_vllm013_rotary_emb()", f"{signature_text(code.params)}")
     if not code.has("ApplyRotaryEmb.__init__="):
         return unsupported("a function assigning ApplyRotaryEmb.__init__", "a different body")
     return APPLY
+
+
+def _check(site: Site) -> Verdict:
+    return rotary_patcher_rule(Code.live(site.value), verl_owned(site.value) is not None)
 
 
 def _fix(site: Site) -> Undo:
