@@ -73,7 +73,7 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
         imported.activate(trigger=loader.waits_for or module.__name__)
         engine = imported
     except Exception as exc:  # the engine records its own failures; never break the import
-        if type(exc).__name__ == "PatchError":  # strict mode: raise at the watched import
+        if _strict(exc):  # strict mode: raise at the watched import
             raise
         engine = None
         OBSERVER.retire()  # e.g. an unimportable engine: do not hold other imports up
@@ -91,8 +91,16 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
         try:
             engine.engine().module_loaded(module)
         except Exception as exc:  # recorded and logged by the engine; outside strict mode the import succeeds
-            if type(exc).__name__ == "PatchError":  # strict mode: raise at the target's import
+            if _strict(exc):  # strict mode: raise at the target's import
                 raise
+
+
+def _strict(exc: BaseException) -> bool:
+    """Whether ``exc`` is strict mode's ``PatchError``, caught by type: the engine module defines
+    it and is loaded whenever the engine could have raised one (this module never imports it
+    at start-up)."""
+    engine = sys.modules.get("verl_npu_autopatch.engine")
+    return engine is not None and isinstance(exc, engine.PatchError)
 
 
 def held(observer: "StartupObserver", fullname: str, path: "Any", target: "Any") -> "ModuleSpec | None":

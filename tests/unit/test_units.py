@@ -184,3 +184,14 @@ def test_reapply_applies_afresh_over_another_owners_value(module_name: str) -> N
     assert engine.record("unit.plus_one").state == "applied"
     assert engine.revert() == ["unit.plus_one"]
     assert module.Box.__dict__["value"] is theirs
+
+
+def test_strict_mode_errors_are_recognised_by_type_not_by_name() -> None:
+    from verl_npu_autopatch import _activation
+    from verl_npu_autopatch.engine import PatchError
+
+    class ImpostorError(RuntimeError):
+        pass
+
+    ImpostorError.__name__ = "PatchError"  # what a comparison of class names would take for strict mode
+    assert _activation._strict(PatchError("strict")) and not _activation._strict(ImpostorError("not strict"))
