@@ -148,7 +148,8 @@ class Patch:
     Everything else the patch touches is declared too, so ``status`` and ``docs/patches.md`` show
     it: ``triggers`` are places whose import runs the patch but which it does not change (the
     engine hooks and resolves the ``Site`` on them instead of on ``targets``; e.g. a package's
-    ``__file__``); ``secondary`` are further attributes the fix replaces besides the target;
+    ``__file__``); ``secondary`` are further attributes the fix replaces besides the target,
+    ``computed`` further families of them found in the live module (:class:`ComputedSites`);
     ``static`` is its rule on a release's source for the decision table.
 
     ``defined_at`` (``path.py:line``, shown by ``list --json`` and ``status --all``) is filled in
@@ -208,6 +209,6 @@ def _maker() -> str:
 
 
 def _builder(module: str) -> bool:
-    """Whether ``module`` makes patches for others: this module or a
-    family helper (``verl_npu_autopatch.patches._*``)."""
+    """Whether ``module`` makes patches for others: this module or a family helper
+    (``verl_npu_autopatch.patches._*``)."""
     return module == __name__ or module.startswith("verl_npu_autopatch.patches._")
