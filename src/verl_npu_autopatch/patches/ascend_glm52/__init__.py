@@ -215,42 +215,36 @@ def _fix_indexer(site: Site) -> Undo:
     return replace_method(site.owner, site.attribute, make, site.patch.name)
 
 
+#: The three patches share their reference, groups and opt-in.
+_glm52_patch = functools.partial(Patch, reference=REFERENCE, groups=GROUPS, default=False)
+
 PATCHES = [
-    Patch(
+    _glm52_patch(
         name="ascend.rms_norm_residual",
         summary="AscendRMSNorm with a residual: explicit x + residual, then a plain RMSNorm (no fused add-RMSNorm).",
-        reference=REFERENCE,
-        groups=GROUPS,
         targets=(Target.parse(f"{LAYERNORM}:AscendRMSNorm.forward_oot"),),
-        default=False,
         check=_check_rms_norm,
         fix=_fix_rms_norm,
         static=StaticRule(static_rms_norm, reads=(LAYERNORM_FILE,)),
     ),
-    Patch(
+    _glm52_patch(
         name="ascend.sfa_keep_kv_b_proj",
         summary="SFA process_weights_after_loading keeps kv_b_proj so RL weight syncs can load into it again.",
-        reference=REFERENCE,
-        groups=GROUPS,
         targets=(Target.parse(f"{SFA}:AscendSFAImpl.process_weights_after_loading"),),
         secondary=(Target.parse(f"{SFA}:dispose_layer"),),
-        default=False,
         check=_check_kv_b_proj,
         fix=_fix_kv_b_proj,
         yields_to=(yield_to_verl(),),
         static=StaticRule(static_kv_b_proj, reads=(SFA_FILE,)),
     ),
-    Patch(
+    _glm52_patch(
         name="ascend.sfa_indexer_scale",
         summary="SFA lightning-indexer weights scaled by n_head**-0.5 * head_dim**-0.5 before top-k selection.",
-        reference=REFERENCE,
-        groups=GROUPS,
         # 0.30+ first: there sfa_v1 still imports DeviceOperator, with the new signature.
         targets=(
             Target.parse(f"{INDEXER}:DeviceOperator.indexer_select_post_process"),
             Target.parse(f"{SFA}:DeviceOperator.indexer_select_post_process"),
         ),
-        default=False,
         check=_check_indexer,
         fix=_fix_indexer,
         yields_to=(yield_to_verl(),),
