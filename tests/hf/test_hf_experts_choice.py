@@ -102,7 +102,9 @@ def test_qwen3_vl_moe_fused_block_variant_where_the_experts_take_dense_weights(n
         assert npu.calls["npu_moe_token_permute"] == 1 and npu.calls["npu_grouped_matmul[group_type=0]"] == 2
 
 
-def test_group_counts_have_a_fixed_length_under_torch_export() -> None:
+def test_group_counts_have_a_fixed_length_under_torch_export(npu: Any) -> None:
+    """One ``histc`` of the integer indices (the double counts integers as the NPU's does)."""
+
     class Counts(torch.nn.Module):
         def forward(self, index: torch.Tensor) -> torch.Tensor:
             return _npu_kernels.group_counts(index, 6)
