@@ -323,7 +323,7 @@ def allow_float64(monkeypatch: Any) -> None:
     monkeypatch.setattr(sys.modules[__name__], "floats", (*floats, torch.float64))
 
 
-def integer_histc(monkeypatch: Any) -> None:
+def integer_histc(monkeypatch: Any = None) -> None:
     """TEST DOUBLE for the NPU's ``torch.histc``, which counts integer tensors in their own dtype
     (verl's MoE forwards pass the int64 expert indices and hand the int64 counts to
     ``npu_grouped_matmul``); CPU torch takes floating tensors only, so integers are counted as
@@ -335,4 +335,7 @@ def integer_histc(monkeypatch: Any) -> None:
             return histc(input, *args, **kwargs)
         return histc(input.float(), *args, **kwargs).to(input.dtype)
 
-    monkeypatch.setattr(torch, "histc", npu_histc)
+    if monkeypatch is None:  # a child process standing in for the device: for its whole life
+        torch.histc = npu_histc
+    else:
+        monkeypatch.setattr(torch, "histc", npu_histc)

@@ -45,6 +45,7 @@ _classes: dict[type, bool] = {}  # patched experts class -> its weights are tran
 _owners: Counter[type] = Counter()  # patched experts class -> number of applied patches holding it
 _modules: Counter[str] = Counter()  # modeling module -> number of patched classes (the default choice)
 _upstream: dict[str, str] = {}  # modeling module -> upstream's own default choice there (the fallback)
+_interfaces: dict[type, Any] = {}  # experts class ever registered -> its dispatcher's ExpertsInterface
 _default_undo: Undo | None = None
 
 
@@ -76,7 +77,7 @@ def fallback(cls: type) -> Any:
     """What the dispatcher of ``cls`` runs for upstream's own default choice in ``cls``'s modeling
     module (recorded when a model there was given ours instead; ``eager`` before any was)."""
     eager = cls.forward.__wrapped__
-    interface = dispatcher_interface(cls.forward)
+    interface = _interfaces.get(cls)  # read at registration: a compiled trace cannot read closures
     name = _upstream.get(cls.__module__, "eager")
     return eager if interface is None else interface.get_interface(name, eager)
 
@@ -105,6 +106,7 @@ def register(cls: type[Any], transposed: bool, patch_name: str) -> Undo:
         if not _registered(interface):
             type(interface).register(NAME, mark(experts_forward, patch_name))
         _classes[cls] = transposed
+        _interfaces[cls] = interface
         _owners[cls] += 1
         _modules[cls.__module__] += 1
         if _default_undo is None:

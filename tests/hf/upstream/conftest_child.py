@@ -7,15 +7,13 @@ import json
 import os
 import sys
 
-import pytest
-
 from tests.hf import npu_emulation
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patches import transformers_npu
 
 sys.modules["torch_npu"] = npu_emulation
-npu_emulation.integer_histc(pytest.MonkeyPatch())  # for the whole child session, as on the device
+npu_emulation.integer_histc()  # for the whole child session, as on the device
 ENGINE = Engine(transformers_npu.PATCHES, Config(device="npu"))
 ENGINE.activate("upstream-mixin")
 
