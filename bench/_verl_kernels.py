@@ -54,7 +54,11 @@ def integer_histc() -> None:
     histc = torch.histc
 
     def npu_histc(input: Any, *args: Any, **kwargs: Any) -> Any:
-        return histc(input, *args, **kwargs) if input.is_floating_point() else histc(input.float(), *args, **kwargs).to(input.dtype)
+        return (
+            histc(input, *args, **kwargs)
+            if input.is_floating_point()
+            else histc(input.float(), *args, **kwargs).to(input.dtype)
+        )
 
     torch.histc = npu_histc
 
@@ -135,7 +139,9 @@ def per_call_rows(verl: Any, rounds: int, calls: int) -> list[dict[str, object]]
                 "kernel": name,
                 "ours (µs)": round(statistics.median(ours_s) * 1e6, 2),
                 "verl 0.9.1 (µs)": round(statistics.median(verl_s) * 1e6, 2),
-                "ratio ours/verl (paired median)": round(statistics.median(a / b for a, b in zip(ours_s, verl_s)), 3),
+                "ratio ours/verl (paired median)": round(
+                    statistics.median(a / b for a, b in zip(ours_s, verl_s, strict=True)), 3
+                ),
             }
         )
     return rows

@@ -182,9 +182,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def against_verl(args: argparse.Namespace) -> int:
-    import torch
-
     import _verl_kernels as side
+    import torch
 
     side.add_moe_stubs(sys.modules["torch_npu"])
     side.integer_histc()

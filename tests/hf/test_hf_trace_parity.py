@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from tests.hf import npu_emulation
-from tests.hf.meter import Meter
 from tests.hf.conftest import PRESENT, VERL_OWNS, builders, randomize, restored
+from tests.hf.meter import Meter
 from verl_npu_autopatch.patches import transformers_npu
 
 FUSED_GATE_UP = (

@@ -73,7 +73,7 @@ def experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weigh
     return kernels.run_fused_experts(self, transposed, hidden_states, top_k_index, top_k_weights)
 
 
-def fallback(cls: type) -> Any:
+def fallback(cls: Any) -> Any:
     """What the dispatcher of ``cls`` runs for upstream's own default choice in ``cls``'s modeling
     module (recorded when a model there was given ours instead; ``eager`` before any was)."""
     eager = cls.forward.__wrapped__

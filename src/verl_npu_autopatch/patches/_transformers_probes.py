@@ -128,7 +128,7 @@ def hub_function(value: Any) -> Any:
     transformers 5.25 decorates ``apply_rotary_pos_emb`` with ``@use_kernel_forward_from_hub``:
     the module attribute is then an ``nn.Module`` instance (signature ``(*args, **kwargs)``) whose
     ``forward`` calls the decorated function unless ``kernelize`` activated a hub kernel for it."""
-    forward = getattr(type(value), "forward", None)
+    forward: Any = getattr(type(value), "forward", None)
     code = getattr(forward, "__code__", None)
     if code is None or "func" not in code.co_freevars or not hasattr(type(value), "kernel_layer_name"):
         return value
