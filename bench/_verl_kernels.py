@@ -74,6 +74,7 @@ def _cases(verl: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     norm = torch.nn.Module()
     norm.weight = torch.nn.Parameter(torch.ones(64, dtype=dtype))
     norm.variance_epsilon = norm.eps = 1e-6
+    norm.activation = "silu"  # transformers 5.x's gated norms name it (4.57's do not)
     x = torch.randn(1, 16, 64, dtype=dtype)
     q = torch.randn(1, 4, 16, 64, dtype=dtype)
     cos, half = torch.randn(1, 16, 64, dtype=dtype), torch.randn(1, 16, 32, dtype=dtype)

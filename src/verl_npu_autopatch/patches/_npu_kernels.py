@@ -73,13 +73,21 @@ def _plain_rms_norm(original: Callable, eps_attr: str) -> Callable:
     return forward
 
 
+def _activation(norm: Any) -> str:
+    """A gated norm's activation (``"silu"`` where the class names none, as 4.57's): read from the
+    instance dict, not through ``nn.Module.__getattr__``, which raises each call where it is absent."""
+    if torch.compiler.is_compiling():
+        return getattr(norm, "activation", "silu")
+    return norm.__dict__.get("activation", "silu")
+
+
 def rms_norm_gated(original: Callable, eps_attr: str) -> Callable:
     """``npu_rms_norm`` replacement of a gated RMSNorm: ``weight * normalize(x) * silu(gate)``,
     normalised before gating, result in the input dtype."""
 
     @functools.wraps(original)
     def forward(self: Any, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        if gate is None or getattr(self, "activation", "silu") not in ("silu", "swish"):
+        if gate is None or _activation(self) not in ("silu", "swish"):
             return original(self, hidden_states, gate)
         dtype = hidden_states.dtype
         out = npu().npu_rms_norm(hidden_states.float(), self.weight.float(), epsilon=getattr(self, eps_attr))[0]
@@ -93,22 +101,24 @@ def rms_norm_gated(original: Callable, eps_attr: str) -> Callable:
 SILU_FLAG = "_verl_npu_autopatch_silu"
 
 
-def module_is_silu(module: Any) -> bool:
-    """``is_silu(module.act_fn)``, decided once per module and activation: the verdict is kept
-    beside the ``act_fn`` it was made for (:data:`SILU_FLAG`), so a call reads two dicts and
-    compares one identity; a replaced ``act_fn`` is decided afresh. A compiled trace decides
-    without caching."""
+def swiglu_parts(module: Any) -> tuple[Any, Any, Any] | None:
+    """``(gate_proj, up_proj, down_proj)`` of an MLP whose ``act_fn`` is SiLU, else ``None``.
+
+    Decided once per module and activation: the verdict is kept beside the ``act_fn`` it was made
+    for (:data:`SILU_FLAG`; a replaced ``act_fn`` is decided afresh), and the submodules are read
+    from ``_modules`` (no ``nn.Module.__getattr__``), so a call costs less than reading the three
+    projections as attributes. A compiled trace reads them as attributes, caching nothing."""
     if torch.compiler.is_compiling():
-        return is_silu(getattr(module, "act_fn", None))
-    act = module._modules.get("act_fn")  # an activation module (nn.SiLU, SiLUActivation): no __getattr__
+        fits = is_silu(getattr(module, "act_fn", None))
+        return (module.gate_proj, module.up_proj, module.down_proj) if fits else None
+    modules = module._modules
+    act = modules.get("act_fn")  # an activation module (nn.SiLU, SiLUActivation)
     if act is None:
-        act = getattr(module, "act_fn", None)
+        act = getattr(module, "act_fn", None)  # a plain function
     cached = module.__dict__.get(SILU_FLAG)
-    if cached is not None and cached[0] is act:
-        return cached[1]
-    fits = is_silu(act)
-    module.__dict__[SILU_FLAG] = (act, fits)
-    return fits
+    if cached is None or cached[0] is not act:
+        cached = module.__dict__[SILU_FLAG] = (act, is_silu(act))
+    return (modules["gate_proj"], modules["up_proj"], modules["down_proj"]) if cached[1] else None
 
 
 def swiglu_mlp(original: Callable) -> Callable:
@@ -116,10 +126,11 @@ def swiglu_mlp(original: Callable) -> Callable:
 
     @functools.wraps(original)
     def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-        if not module_is_silu(self):
+        parts = swiglu_parts(self)
+        if parts is None:
             return original(self, x)
-        fused = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
-        return self.down_proj(npu().npu_swiglu(fused, dim=-1))
+        gate, up, down = parts
+        return down(npu().npu_swiglu(torch.cat((gate(x), up(x)), dim=-1), dim=-1))
 
     return forward
 
