@@ -75,6 +75,13 @@ def test_every_live_record_equals_its_column(script, make_engine, npu):
     table = {name: cells[version][0] for name, _, cells in rows}
     records = {p.name: engine.records[p.name] for p in patches}
     live = {name: RECORDED.get(record.state, record.state) for name, record in records.items()}
+    for name, record in records.items():
+        # A class two families share (4.57's qwen2_5_vl imports Qwen2RMSNorm): the same kernel is
+        # installed on it by the family that patched it first; the check applies for both.
+        owner = record.reason.removeprefix("target owned by ").split(" ")[0]
+        if record.state == "yielded" and owner in records and "(shared class " in record.reason:
+            assert records[owner].state == "applied", (name, owner)
+            live[name] = "applies"
     assert live == table, {n: (records[n].state, records[n].reason) for n in live if live[n] != table[n]}
 
 
