@@ -48,19 +48,12 @@ def verl_npu_patch() -> types.ModuleType:
 
 
 def integer_histc() -> None:
-    """The NPU's ``torch.histc`` counts integer tensors in their own dtype; CPU torch does not."""
-    import torch
+    """The NPU's ``torch.histc`` counts integer tensors in their own dtype; CPU torch does not (the
+    tests' stand-in, for this whole process)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.hf.npu_emulation import integer_histc as stand_in
 
-    histc = torch.histc
-
-    def npu_histc(input: Any, *args: Any, **kwargs: Any) -> Any:
-        return (
-            histc(input, *args, **kwargs)
-            if input.is_floating_point()
-            else histc(input.float(), *args, **kwargs).to(input.dtype)
-        )
-
-    torch.histc = npu_histc
+    stand_in()
 
 
 # --------------------------------------------------------------------------- per call
