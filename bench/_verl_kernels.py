@@ -22,7 +22,6 @@ import importlib.machinery
 import importlib.util
 import statistics
 import sys
-import time
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -112,20 +111,13 @@ def _tiny_experts(dtype: Any, experts: int = 8, hidden: int = 64, inter: int = 3
 
 
 def per_call_rows(verl: Any, rounds: int, calls: int) -> list[dict[str, object]]:
-    def timed(case: Callable[[], Any]) -> Callable[[], float]:
-        def run() -> float:
-            start = time.perf_counter()
-            for _ in range(calls):
-                case()
-            return (time.perf_counter() - start) / calls
-
-        return run
+    from _bench import per_call
 
     rows = []
     for name, (ours, theirs) in _cases(verl).items():
         ours_s, verl_s = [], []
         for index in range(rounds):
-            pair = [(ours_s, timed(ours)), (verl_s, timed(theirs))]
+            pair = [(ours_s, per_call(ours, calls)), (verl_s, per_call(theirs, calls))]
             for samples, run in pair if index % 2 else pair[::-1]:
                 samples.append(run())
         rows.append(

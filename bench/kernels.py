@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import types
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import interleave, report, summary
+from _bench import interleave, per_call, report, summary
 
 
 def stub_torch_npu() -> types.ModuleType:
@@ -102,16 +101,7 @@ def per_call_rows(rounds: int, calls: int) -> list[dict[str, object]]:
         "SwiGLU MLP (identity projections)": lambda: swiglu(module, x),
     }
 
-    def timed(case: Any) -> Any:
-        def run() -> float:
-            start = time.perf_counter()
-            for _ in range(calls):
-                case()
-            return (time.perf_counter() - start) / calls
-
-        return run
-
-    samples = interleave({name: timed(case) for name, case in cases.items()}, rounds)
+    samples = interleave({name: per_call(case, calls) for name, case in cases.items()}, rounds)
     return summary(samples, "npu_rms_norm alone (stub)", "us", 1e6)
 
 
