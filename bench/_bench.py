@@ -59,6 +59,18 @@ def interleave(variants: dict[str, Callable[[], float]], rounds: int) -> dict[st
     return samples
 
 
+def per_call(case: Callable[[], object], calls: int) -> Callable[[], float]:
+    """A sample function: the mean seconds per call of ``calls`` calls of ``case``."""
+
+    def run() -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            case()
+        return (time.perf_counter() - start) / calls
+
+    return run
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 

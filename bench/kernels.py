@@ -3,6 +3,10 @@
 Run it with a python that has torch and the package (the hf test venv):
 
     .envs/hf-3.11-*/bin/python bench/kernels.py [--rounds 30] [--calls 2000] [--json]
+    .envs/hf-3.11-*/bin/python bench/kernels.py --against verl [--tokens 4096] [--rounds 30] [--calls 1000]
+
+``--against verl``: per kernel ours vs verl 0.9.1's ``npu_patch`` (µs and ratio), and the bytes one
+MoE layer allocates and holds at Qwen3-30B-A3B's shape (``bench/_verl_kernels.py``).
 
 No NPU here, so every torch_npu op is replaced by a no-op stub that returns an output of the right
 shape without computing it (a view of an input, or ``torch.empty``): what is timed is the
@@ -23,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import types
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _bench import interleave, report, summary
+from _bench import interleave, per_call, report, summary
 
 
 def stub_torch_npu() -> types.ModuleType:
@@ -60,14 +63,14 @@ class Norm:
         self.activation = "silu"
 
 
-class Mlp:
-    """Shaped like a transformers SwiGLU MLP whose projections cost nothing (identities)."""
+def mlp() -> Any:
+    """A SwiGLU MLP module (as transformers builds it) whose projections cost nothing (identities)."""
+    import torch
 
-    def __init__(self) -> None:
-        import torch
-
-        self.gate_proj = self.up_proj = self.down_proj = torch.nn.Identity()
-        self.act_fn = torch.nn.SiLU()
+    module = torch.nn.Module()
+    module.gate_proj = module.up_proj = module.down_proj = torch.nn.Identity()
+    module.act_fn = torch.nn.SiLU()
+    return module
 
 
 def per_call_rows(rounds: int, calls: int) -> list[dict[str, object]]:
@@ -88,26 +91,17 @@ def per_call_rows(rounds: int, calls: int) -> list[dict[str, object]]:
     plain, offset = k.rms_norm(unused, "variance_epsilon", False), k.rms_norm(unused, "variance_epsilon", True)
     gated = k.rms_norm_gated(unused, "variance_epsilon")
     rotary = k.rotary(unused, legacy_position_ids=False)
-    mlp = k.swiglu_mlp(unused)
+    swiglu, module = k.swiglu_mlp(unused), mlp()  # one module, built once (as a model's)
     cases = {
         "npu_rms_norm alone (stub)": lambda: ops.npu_rms_norm(x, norm.weight, epsilon=1e-6)[0],
         "rms_norm (plain)": lambda: plain(norm, x),
         "rms_norm (1+w offset)": lambda: offset(norm, x),
         "rms_norm_gated": lambda: gated(norm, x, x),
         "rotary (q and k)": lambda: rotary(q, q, cos, cos),
-        "SwiGLU MLP (identity projections)": lambda: mlp(Mlp(), x),
+        "SwiGLU MLP (identity projections)": lambda: swiglu(module, x),
     }
 
-    def timed(case: Any) -> Any:
-        def run() -> float:
-            start = time.perf_counter()
-            for _ in range(calls):
-                case()
-            return (time.perf_counter() - start) / calls
-
-        return run
-
-    samples = interleave({name: timed(case) for name, case in cases.items()}, rounds)
+    samples = interleave({name: per_call(case, calls) for name, case in cases.items()}, rounds)
     return summary(samples, "npu_rms_norm alone (stub)", "us", 1e6)
 
 
@@ -151,10 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--against", choices=["verl"], help="ours vs verl 0.9.1's npu_patch, side by side")
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens per MoE layer (--against verl)")
     args = parser.parse_args(argv)
     import torch
 
+    if args.against:
+        import transformers.activations  # noqa: F401  (verl's module imports it; before the stub, which has no spec)
     sys.modules["torch_npu"] = stub_torch_npu()
+    if args.against:
+        return against_verl(args)
     before, after = backward_bytes("before"), backward_bytes("after")
     mib = 1 << 20
     bytes_rows: list[dict[str, object]] = [
@@ -165,6 +165,25 @@ def main(argv: list[str] | None = None) -> int:
     report(
         "transformers NPU kernels: Python overhead per call, MoE backward allocations",
         {"per call (µs), torch_npu ops stubbed": per_call_rows(args.rounds, args.calls), "MoE backward": bytes_rows},
+        {"python": sys.version.split()[0], "torch": torch.__version__, "rounds": args.rounds, "calls": args.calls},
+        args.json,
+    )
+    return 0
+
+
+def against_verl(args: argparse.Namespace) -> int:
+    import _verl_kernels as side
+    import torch
+
+    side.add_moe_stubs(sys.modules["torch_npu"])
+    side.integer_histc()
+    verl = side.verl_npu_patch()
+    report(
+        "transformers NPU kernels: ours vs verl 0.9.1's npu_patch (torch_npu ops stubbed alike)",
+        {
+            "per call (µs), tiny bf16 inputs": side.per_call_rows(verl, args.rounds, args.calls),
+            f"one MoE layer, Qwen3-30B-A3B shape, {args.tokens} tokens, bf16": side.bytes_rows(verl, args.tokens),
+        },
         {"python": sys.version.split()[0], "torch": torch.__version__, "rounds": args.rounds, "calls": args.calls},
         args.json,
     )

@@ -201,7 +201,6 @@ def verl(npu: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         root = _verl_source()
     except OSError as exc:  # only when PyPI truly cannot be reached
         pytest.skip(f"cannot download verl {VERL_VERSION} from PyPI: {exc}")
-    npu_emulation.integer_histc(monkeypatch)
     for name, sub in (("verl", ""), ("verl.models", "models"), ("verl.models.transformers", "models/transformers")):
         if name not in sys.modules:
             package = types.ModuleType(name)

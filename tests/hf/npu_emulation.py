@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from tests.hf import npu_contract
+from tests.hf import meter, npu_contract
 
 calls: Counter[str] = Counter()
 trace: list[tuple[Any, ...]] = []
@@ -56,7 +56,10 @@ RULES: dict[str, str] = {
     "gmm.single": "npu_grouped_matmul: one x and one weight tensor (the only form emulated)",
     "gmm.dtype": "npu_grouped_matmul docs (non-quantised): x and weight of one dtype",
     "gmm.m_split_layout": "npu_grouped_matmul docs, group_type 0: x [M, K] not transposed ('x不支持转置'), "
-    "weight [E, K, N] (transposed weight allowed)",
+    "weight [E, K, N] 3-D",
+    "gmm.weight_layout": "npu_grouped_matmul, group_type 0: each weight[e] row-major (docs) or transposed "
+    "('支持weight转置'; verl 0.9.1 npu_patch.py 168-170 passes such views, a fused gate/up's halves too), "
+    "nothing else",
     "gmm.k_split_layout": "npu_grouped_matmul, group_type 2 (torch_npu 2.14 meta, verl/MindSpeed hardware callers, "
     "CANN K-split docs): x a transposed [K, M] view, weight [K, N] not transposed",
     "gmm.group_sizes": "npu_grouped_matmul docs: the group sizes sum to the grouped axis",
@@ -103,7 +106,7 @@ def _op(function: Callable[..., Any]) -> Callable[..., Any]:
         bound = schema.bind(args, kwargs)
         trace.append((name, tuple((k, summary(v)) for k, v in bound.items())))
         calls[name if name != "npu_grouped_matmul" else f"{name}[group_type={bound['group_type']}]"] += 1
-        return schema.check_result(function(**bound))
+        return schema.check_result(meter.run_as_one_op(function, bound))
 
     return op
 
@@ -129,6 +132,15 @@ def layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
         row_major &= size == 1 or stride == expected
         expected *= size
     return "row-major" if row_major else "transposed" if transposed(shape, strides) else "strided"
+
+
+def dense_matrices(tensor: torch.Tensor) -> bool:
+    """Each matrix (last two dims) row-major or transposed, whatever the stride between matrices
+    (a transposed half of a fused ``[E, 2I, H]`` weight, as verl passes it, is still one)."""
+    rows, cols = tensor.shape[-2:]
+    row_stride, col_stride = tensor.stride()[-2:]
+    row_major = (col_stride == 1 or cols == 1) and (row_stride == cols or rows == 1)
+    return row_major or ((row_stride == 1 or rows == 1) and (col_stride == rows or cols == 1))
 
 
 def plain(tensor: torch.Tensor) -> bool:
@@ -285,13 +297,14 @@ def npu_grouped_matmul(
         ]
     ok = a.dim() == 2 and b.dim() == 3 and plain(a) and a.shape[1] == b.shape[1]
     require(ok, "gmm.m_split_layout", f"x {tuple(a.shape)} strides {a.stride()}, weight {tuple(b.shape)}")
+    require(dense_matrices(b), "gmm.weight_layout", f"weight {tuple(b.shape)} strides {b.stride()}")
     require(bounds[-1] == a.shape[0], "gmm.group_sizes", f"{bounds[-1]} rows of {a.shape[0]}")
     return [torch.cat([a[bounds[e] : bounds[e + 1]] @ b[e] for e in range(len(sizes))], dim=0)]
 
 
 def install(monkeypatch: Any, version: str = npu_contract.NEWEST) -> Any:
-    """Make ``import torch_npu`` return this test double (undone by ``monkeypatch``), enforcing the
-    contract of torch_npu ``version``."""
+    """Make ``import torch_npu`` return this test double and ``torch.histc`` count integers as the
+    NPU's does (both undone by ``monkeypatch``), enforcing the contract of torch_npu ``version``."""
     from verl_npu_autopatch.patches import _npu_kernels
 
     calls.clear()
@@ -300,6 +313,7 @@ def install(monkeypatch: Any, version: str = npu_contract.NEWEST) -> Any:
     use_release(version)
     monkeypatch.setitem(sys.modules, "torch_npu", sys.modules[__name__])
     monkeypatch.setattr(_npu_kernels, "_torch_npu", None)
+    integer_histc(monkeypatch)  # the expert counts (ours and verl's) are an integer histc, as on the device
     return sys.modules[__name__]
 
 
@@ -309,7 +323,7 @@ def allow_float64(monkeypatch: Any) -> None:
     monkeypatch.setattr(sys.modules[__name__], "floats", (*floats, torch.float64))
 
 
-def integer_histc(monkeypatch: Any) -> None:
+def integer_histc(monkeypatch: Any = None) -> None:
     """TEST DOUBLE for the NPU's ``torch.histc``, which counts integer tensors in their own dtype
     (verl's MoE forwards pass the int64 expert indices and hand the int64 counts to
     ``npu_grouped_matmul``); CPU torch takes floating tensors only, so integers are counted as
@@ -321,4 +335,7 @@ def integer_histc(monkeypatch: Any) -> None:
             return histc(input, *args, **kwargs)
         return histc(input.float(), *args, **kwargs).to(input.dtype)
 
-    monkeypatch.setattr(torch, "histc", npu_histc)
+    if monkeypatch is None:  # a child process standing in for the device: for its whole life
+        torch.histc = npu_histc
+    else:
+        monkeypatch.setattr(torch, "histc", npu_histc)

@@ -24,10 +24,15 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = Path(sys.executable).parent / "verl-npu-autopatch"
 
 #: ``torch_npu`` is the test double itself.
-EMULATION = "import sys\n\nfrom tests.hf import npu_emulation\n\nsys.modules[__name__] = npu_emulation\n"
+EMULATION = (
+    "import sys\n\nfrom tests.hf import npu_emulation\n\n"
+    "npu_emulation.integer_histc()\nsys.modules[__name__] = npu_emulation\n"
+)
 #: npu_rms_norm off by a scale of 1.1: every RMSNorm kernel is wrong, the rest right.
 WRONG_RMS_NORM = """from tests.hf.npu_emulation import *  # noqa: F403
 from tests.hf import npu_emulation
+
+npu_emulation.integer_histc()
 
 
 def npu_rms_norm(x, gamma, epsilon=1e-6):
@@ -36,6 +41,9 @@ def npu_rms_norm(x, gamma, epsilon=1e-6):
 """
 #: npu_swiglu raises: the SwiGLU MLPs and the MoE experts cannot run.
 BROKEN_SWIGLU = """from tests.hf.npu_emulation import *  # noqa: F403
+from tests.hf import npu_emulation
+
+npu_emulation.integer_histc()
 
 
 def npu_swiglu(x, dim=-1):

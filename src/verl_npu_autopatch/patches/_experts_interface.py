@@ -14,9 +14,14 @@ So the experts patch does not replace the dispatcher. It
   ``get_correct_experts_implementation``: only a request of ``None`` (no choice) changes; an
   explicit ``eager`` / ``batched_mm`` / ``grouped_mm`` reaches upstream's code untouched.
 
+Where the kernel does not fit an instance (a GELU expert, biased or expert-parallel experts), it
+runs what transformers would have run without us: the implementation upstream's
+``get_correct_experts_implementation(None)`` chose for that modeling module (``grouped_mm``
+where the model can dispatch it, else ``eager``), never a slower eager loop in its place.
+
 Undo removes the class and, with the last one, the default wrapper. The registered name stays
-(a live model's config may still name it); for a class no longer patched, or an instance the
-kernel does not fit, it runs upstream's eager forward. Imported at fix time only (torch loaded).
+(a live model's config may still name it); for a class no longer patched it runs upstream's
+default likewise. Imported at fix time only (torch loaded).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ _lock = threading.Lock()
 _classes: dict[type, bool] = {}  # patched experts class -> its weights are transposed ([E, H, 2I])
 _owners: Counter[type] = Counter()  # patched experts class -> number of applied patches holding it
 _modules: Counter[str] = Counter()  # modeling module -> number of patched classes (the default choice)
+_upstream: dict[str, str] = {}  # modeling module -> upstream's own default choice there (the fallback)
+_interfaces: dict[type, Any] = {}  # experts class ever registered -> its dispatcher's ExpertsInterface
 _default_undo: Undo | None = None
 
 
@@ -58,20 +65,31 @@ def _registered(interface: Any) -> bool:
 
 
 def experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-    """The registered implementation: our kernel for a patched class the instance fits, else
-    upstream's eager forward (the function the dispatcher wraps)."""
+    """The registered implementation: our kernel for a patched class the instance fits, else the
+    implementation transformers chose by default for its modeling module (see :func:`fallback`)."""
     transposed = _classes.get(type(self))
     if transposed is None or not kernels.experts_fit(self):
-        eager = type(self).forward.__wrapped__
-        return eager(self, hidden_states, top_k_index, top_k_weights)
+        return fallback(type(self))(self, hidden_states, top_k_index, top_k_weights)
     return kernels.run_fused_experts(self, transposed, hidden_states, top_k_index, top_k_weights)
+
+
+def fallback(cls: Any) -> Any:
+    """What the dispatcher of ``cls`` runs for upstream's own default choice in ``cls``'s modeling
+    module (recorded when a model there was given ours instead; ``eager`` before any was)."""
+    eager = cls.forward.__wrapped__
+    interface = _interfaces.get(cls)  # read at registration: a compiled trace cannot read closures
+    name = _upstream.get(cls.__module__, "eager")
+    return eager if interface is None else interface.get_interface(name, eager)
 
 
 def _default_choice(original: Any) -> Any:
     @functools.wraps(original)
     def get_correct_experts_implementation(self: Any, requested_experts: str | None) -> str:
-        if requested_experts is None and any(c.__module__ in _modules for c in type(self).__mro__):
-            return NAME
+        if requested_experts is None:
+            modules = [c.__module__ for c in type(self).__mro__ if c.__module__ in _modules]
+            if modules:
+                _upstream[modules[0]] = original(self, None)  # what runs where the kernel does not fit
+                return NAME
         return original(self, requested_experts)
 
     return get_correct_experts_implementation
@@ -88,6 +106,7 @@ def register(cls: type[Any], transposed: bool, patch_name: str) -> Undo:
         if not _registered(interface):
             type(interface).register(NAME, mark(experts_forward, patch_name))
         _classes[cls] = transposed
+        _interfaces[cls] = interface
         _owners[cls] += 1
         _modules[cls.__module__] += 1
         if _default_undo is None:

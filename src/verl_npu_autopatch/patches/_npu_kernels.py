@@ -65,10 +65,20 @@ def _plain_rms_norm(original: Callable, eps_attr: str) -> Callable:
     @functools.wraps(original)
     def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        dtype = torch.promote_types(hidden_states.dtype, weight.dtype)
-        return npu().npu_rms_norm(hidden_states.to(dtype), weight.to(dtype), epsilon=getattr(self, eps_attr))[0]
+        if hidden_states.dtype != weight.dtype:  # the usual case (equal dtypes) pays for no cast
+            dtype = torch.promote_types(hidden_states.dtype, weight.dtype)
+            hidden_states, weight = hidden_states.to(dtype), weight.to(dtype)
+        return npu().npu_rms_norm(hidden_states, weight, epsilon=getattr(self, eps_attr))[0]
 
     return forward
+
+
+def _activation(norm: Any) -> str:
+    """A gated norm's activation (``"silu"`` where the class names none, as 4.57's): read from the
+    instance dict, not through ``nn.Module.__getattr__``, which raises each call where it is absent."""
+    if torch.compiler.is_compiling():
+        return getattr(norm, "activation", "silu")
+    return norm.__dict__.get("activation", "silu")
 
 
 def rms_norm_gated(original: Callable, eps_attr: str) -> Callable:
@@ -77,7 +87,7 @@ def rms_norm_gated(original: Callable, eps_attr: str) -> Callable:
 
     @functools.wraps(original)
     def forward(self: Any, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        if gate is None or getattr(self, "activation", "silu") not in ("silu", "swish"):
+        if gate is None or _activation(self) not in ("silu", "swish"):
             return original(self, hidden_states, gate)
         dtype = hidden_states.dtype
         out = npu().npu_rms_norm(hidden_states.float(), self.weight.float(), epsilon=getattr(self, eps_attr))[0]
@@ -87,15 +97,40 @@ def rms_norm_gated(original: Callable, eps_attr: str) -> Callable:
 
 
 # --------------------------------------------------------------------------- SwiGLU MLP
+#: The instance attribute caching ``(act_fn, is_silu(act_fn))`` of a module.
+SILU_FLAG = "_verl_npu_autopatch_silu"
+
+
+def swiglu_parts(module: Any) -> tuple[Any, Any, Any] | None:
+    """``(gate_proj, up_proj, down_proj)`` of an MLP whose ``act_fn`` is SiLU, else ``None``.
+
+    Decided once per module and activation: the verdict is kept beside the ``act_fn`` it was made
+    for (:data:`SILU_FLAG`; a replaced ``act_fn`` is decided afresh), and the submodules are read
+    from ``_modules`` (no ``nn.Module.__getattr__``), so a call costs less than reading the three
+    projections as attributes. A compiled trace reads them as attributes, caching nothing."""
+    if torch.compiler.is_compiling():
+        fits = is_silu(getattr(module, "act_fn", None))
+        return (module.gate_proj, module.up_proj, module.down_proj) if fits else None
+    modules = module._modules
+    act = modules.get("act_fn")  # an activation module (nn.SiLU, SiLUActivation)
+    if act is None:
+        act = getattr(module, "act_fn", None)  # a plain function
+    cached = module.__dict__.get(SILU_FLAG)
+    if cached is None or cached[0] is not act:
+        cached = module.__dict__[SILU_FLAG] = (act, is_silu(act))
+    return (modules["gate_proj"], modules["up_proj"], modules["down_proj"]) if cached[1] else None
+
+
 def swiglu_mlp(original: Callable) -> Callable:
     """``npu_swiglu`` replacement of ``down(act(gate(x)) * up(x))`` when ``act`` is SiLU."""
 
     @functools.wraps(original)
     def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-        if not is_silu(self.act_fn):
+        parts = swiglu_parts(self)
+        if parts is None:
             return original(self, x)
-        fused = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
-        return self.down_proj(npu().npu_swiglu(fused, dim=-1))
+        gate, up, down = parts
+        return down(npu().npu_swiglu(torch.cat((gate(x), up(x)), dim=-1), dim=-1))
 
     return forward
 
@@ -106,9 +141,20 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     rotary_dim = cos.shape[-1]
     mul = npu().npu_rotary_mul
     if rotary_dim == x.shape[-1]:
-        return mul(x, cos.to(x.dtype), sin.to(x.dtype))
-    rotated = mul(x[..., :rotary_dim], cos.to(x.dtype), sin.to(x.dtype))
-    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+        return mul(x, cos, sin)
+    return torch.cat((mul(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
+
+
+def _rotate_both(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rotate(q), rotate(k))`` with ``cos``/``sin`` unsqueezed at ``unsqueeze_dim`` and in q's
+    dtype (npu_rotary_mul takes one dtype; upstream's rotary embedding already returns q's dtype,
+    so the usual call casts nothing)."""
+    if cos.dtype != q.dtype:
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def rotary(original: Callable, legacy_position_ids: bool) -> Callable:
@@ -130,8 +176,7 @@ def _legacy_rotary(original: Callable) -> Callable:
         position_ids: torch.Tensor | None = None,
         unsqueeze_dim: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return _rotate_both(q, k, cos, sin, unsqueeze_dim)
 
     return apply_rotary_pos_emb
 
@@ -141,8 +186,7 @@ def _plain_rotary(original: Callable) -> Callable:
     def apply_rotary_pos_emb(
         q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return _rotate_both(q, k, cos, sin, unsqueeze_dim)
 
     return apply_rotary_pos_emb
 
@@ -159,10 +203,13 @@ class GroupedMatmul(torch.autograd.Function):
     The calls mirror verl's hardware-validated ``NPUGmmFunction`` (``verl/models/transformers/
     npu_patch.py``) and the torch_npu contract (``npu_grouped_matmul`` docs: "x不支持转置", x is never
     transposed in the M split, "支持weight转置"; the K split reads x as ``[K, M]``, i.e. a transposed
-    view of a row-major ``[M, K]``, as the torch_npu 2.14 meta function says). So ``dx`` takes the
-    transposed *view* of the weight (no copy of every expert's weight at every backward) and
-    ``dweight`` the transposed *view* of ``x``: a contiguous copy would lose the transposition the
-    K split needs.
+    view of a row-major ``[M, K]``, as the torch_npu 2.14 meta function says). So ``weight`` is
+    taken row-major or as the transposed view of an ``F.linear``-layout ``[E, N, K]`` parameter (verl
+    passes such views on hardware), ``dx`` takes the transposed *view* of the weight (no copy of
+    every expert's weight at any pass) and ``dweight`` the transposed *view* of ``x``: a contiguous
+    copy would lose the transposition the K split needs. For a transposed-view weight ``dweight``
+    is computed transposed (``dy^T`` split along K against ``x``), so it arrives in the layout of the
+    tensor the view reads and accumulates there without a copy.
     """
 
     @staticmethod
@@ -183,10 +230,21 @@ class GroupedMatmul(torch.autograd.Function):
                 [grad], [weight.transpose(1, 2)], group_list=counts, split_item=2, group_type=0, group_list_type=1
             )[0]
         if ctx.needs_input_grad[1]:
+            # dW^T[e] = dy_e^T @ x_e where the weight is the transposed view of an [E, N, K] tensor: the
+            # gradient then comes in that tensor's own layout (no copy when it accumulates into it).
+            swap = _transposed_view(weight)
+            a, b = (grad, x) if swap else (x, grad)
             grad_w = npu().npu_grouped_matmul(
-                [x.transpose(0, 1)], [grad], group_list=counts, split_item=3, group_type=2, group_list_type=1
+                [a.transpose(0, 1)], [b], group_list=counts, split_item=3, group_type=2, group_list_type=1
             )[0]
+            grad_w = grad_w.transpose(1, 2) if swap else grad_w
         return grad_x, grad_w, None
+
+
+def _transposed_view(weight: torch.Tensor) -> bool:
+    """Whether each ``weight[e]`` is the transposed view of a row-major matrix."""
+    rows = weight.shape[-2]
+    return rows > 1 and weight.stride(-2) == 1 and weight.stride(-1) == rows
 
 
 def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -195,11 +253,10 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
 
 
 def group_counts(top_k_index: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Rows per expert, ``[num_experts]`` int64: a fixed length (``torch.bincount``'s length
-    depends on the data, which ``torch.export`` cannot trace)."""
-    flat = top_k_index.reshape(-1).to(torch.int64)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    return counts.scatter_add_(0, flat, torch.ones_like(flat))
+    """Rows per expert, ``[num_experts]`` in the index dtype (int64 from ``topk``): one ``histc``, as
+    verl's hardware-run callers count (the NPU's ``histc`` counts integer tensors in their own
+    dtype); a fixed length, unlike ``torch.bincount``'s, which ``torch.export`` cannot trace."""
+    return torch.histc(top_k_index, bins=num_experts, min=0, max=num_experts)
 
 
 def routed_experts(
@@ -221,8 +278,9 @@ def routed_experts(
     counts = group_counts(top_k_index, gate_up.shape[0])
     hidden = grouped_matmul(permuted, gate_up, counts)
     hidden = grouped_matmul(ops.npu_swiglu(hidden, dim=-1), down, counts)
-    out = ops.npu_moe_token_unpermute(hidden, sorted_indices, probs=top_k_weights.to(hidden.dtype))
-    return out.to(tokens.dtype)
+    probs = top_k_weights if top_k_weights.dtype == hidden.dtype else top_k_weights.to(hidden.dtype)
+    out = ops.npu_moe_token_unpermute(hidden, sorted_indices, probs=probs)
+    return out if out.dtype == tokens.dtype else out.to(tokens.dtype)
 
 
 def experts_fit(experts: Any) -> bool:
@@ -244,11 +302,12 @@ def run_fused_experts(
     ``[E, 2I, H]`` and ``down_proj`` ``[E, H, I]`` (``F.linear`` layout); ``True``: ``[E, H, 2I]``
     and ``[E, I, H]``. The module's own ``is_transposed`` flag wins when it has one."""
     flip = getattr(experts, "is_transposed", transposed)
-    gate_up = experts.gate_up_proj if flip else experts.gate_up_proj.transpose(1, 2)
-    down = experts.down_proj if flip else experts.down_proj.transpose(1, 2)
-    # Row-major [E, K, N] weights, as verl's qwen3_5_moe_experts_forward_npu makes them (a copy where the
-    # module holds the F.linear layout); the backward then hands dx the transposed view.
-    return routed_experts(tokens, top_k_index, top_k_weights, gate_up.contiguous(), down.contiguous())
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    # [E, K, N] as they are ([E, H, 2I] row-major) or as transposed views of the F.linear layout: the
+    # grouped matmul takes a transposed weight (see GroupedMatmul), so no expert weight is copied.
+    if not flip:
+        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+    return routed_experts(tokens, top_k_index, top_k_weights, gate_up, down)
 
 
 def fused_experts(original: Callable, transposed: bool) -> Callable:
@@ -300,11 +359,12 @@ def legacy_moe_block(original: Callable) -> Callable:
         batch, seq, hidden = hidden_states.shape
         tokens = hidden_states.view(-1, hidden)
         router_logits, weights, index = _route(self, tokens, None)
-        gate_up = torch.stack([torch.cat((e.gate_proj.weight, e.up_proj.weight), dim=0) for e in experts])
+        # One stack per weight ([2E, I, H] read as [E, 2I, H]: each expert's gate rows, then its up
+        # rows), then transposed views: every expert weight is copied once, as verl's stacks copy it.
+        gate_up = torch.stack([w for e in experts for w in (e.gate_proj.weight, e.up_proj.weight)])
+        gate_up = gate_up.view(len(experts), -1, hidden)
         down = torch.stack([e.down_proj.weight for e in experts])
-        out = routed_experts(
-            tokens, index, weights, gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
-        )
+        out = routed_experts(tokens, index, weights, gate_up.transpose(1, 2), down.transpose(1, 2))
         if getattr(self, "shared_expert", None) is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(tokens)) * self.shared_expert(tokens)
         return out.view(batch, seq, hidden), router_logits

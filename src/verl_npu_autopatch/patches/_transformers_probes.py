@@ -122,16 +122,50 @@ def _probe_block(site: Site, cls: type, cls_source: str, forward_source: str) ->
     return {"block": "fused", "transposed": _fused_layout(experts_cls, experts_source)}
 
 
+def hub_function(value: Any) -> Any:
+    """The plain function behind a ``kernels`` hub function layer, else ``value`` itself.
+
+    transformers 5.25 decorates ``apply_rotary_pos_emb`` with ``@use_kernel_forward_from_hub``:
+    the module attribute is then an ``nn.Module`` instance (signature ``(*args, **kwargs)``) whose
+    ``forward`` calls the decorated function unless ``kernelize`` activated a hub kernel for it."""
+    forward: Any = getattr(type(value), "forward", None)
+    code = getattr(forward, "__code__", None)
+    if code is None or "func" not in code.co_freevars or not hasattr(type(value), "kernel_layer_name"):
+        return value
+    inner = forward.__closure__[code.co_freevars.index("func")].cell_contents
+    return inner if callable(inner) else value
+
+
+def hub_npu_kernel(layer: str) -> str | None:
+    """The kernel the ``kernels`` hub maps for ``layer`` on ``npu`` in transformers' own mapping
+    (``kernelize`` would run it instead of the function), or ``None``: transformers 5.25 maps
+    ``rotary_pos_emb`` for cuda, xpu and rocm only."""
+    module = sys.modules.get("transformers.integrations.hub_kernels")
+    mapping = getattr(module, "get_kernel_mapping_transformers", None)
+    if mapping is None:
+        return None
+    devices = mapping().get(layer, {})
+    found = [repr(kernel) for device, kernel in devices.items() if getattr(device, "type", device) == "npu"]
+    return found[0] if found else None
+
+
 def probe_rotary(site: Site, names: tuple[str, ...]) -> dict[str, Any]:
+    function = hub_function(site.value)
+    layer = getattr(type(site.value), "kernel_layer_name", None) if function is not site.value else None
+    if layer is not None:
+        names = parameters(function)
+        hub = hub_npu_kernel(layer)
+        if hub is not None:
+            raise Unfit(f"no NPU kernel of the kernels hub for {layer!r} (ours would bypass it)", hub)
     if names[:4] != ("q", "k", "cos", "sin") or names[4:] not in (
         ("unsqueeze_dim",),
         ("position_ids", "unsqueeze_dim"),
     ):
-        raise Unfit("(q, k, cos, sin[, position_ids], unsqueeze_dim)", signature_text(parameter_names(site.value)))
-    source = _source(site.value, "apply_rotary_pos_emb")
+        raise Unfit("(q, k, cos, sin[, position_ids], unsqueeze_dim)", signature_text(parameter_names(function)))
+    source = _source(function, "apply_rotary_pos_emb")
     if "rotate_half(q" not in source or "repeat_interleave" in source:
         raise Unfit("rotate-half (NeoX) rotary", "another rotary formula")
-    return {"legacy_position_ids": "position_ids" in names}
+    return {"legacy_position_ids": "position_ids" in names, "function": function}
 
 
 def _class_source(site: Site) -> tuple[type, str]:

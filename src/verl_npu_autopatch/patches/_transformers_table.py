@@ -74,7 +74,8 @@ KERNELS: dict[str, Kernel] = {
     "rotary": Kernel(
         "apply_rotary_pos_emb via torch_npu.npu_rotary_mul (full or partial rotary dim).",
         probe_rotary,
-        replacing(lambda k, original, found: k.rotary(original, found["legacy_position_ids"])),
+        # the plain function (behind a kernels-hub layer on transformers 5.25) is what ours wraps
+        replacing(lambda k, original, found: k.rotary(found["function"], found["legacy_position_ids"])),
         "verl's apply_rotary_pos_emb_npu / qwen3_next_apply_rotary_pos_emb_npu",
         liger="rope",
     ),

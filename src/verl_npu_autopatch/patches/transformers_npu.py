@@ -26,7 +26,12 @@ from __future__ import annotations
 
 from verl_npu_autopatch.patches._transformers_models import GROUP, MODELS, REFERENCE, kinds, module_name, patch_name
 from verl_npu_autopatch.patches._transformers_owners import from_package, liger_owner, shared_owner, verl_owner
-from verl_npu_autopatch.patches._transformers_probes import Unfit, default_hook_owner, dispatcher_interface
+from verl_npu_autopatch.patches._transformers_probes import (
+    Unfit,
+    default_hook_owner,
+    dispatcher_interface,
+    hub_function,
+)
 from verl_npu_autopatch.patches._transformers_table import KERNELS, Kernel, family_patches, probe
 from verl_npu_autopatch.spec import Patch
 
@@ -42,6 +47,7 @@ __all__ = [
     "dispatcher_interface",
     "family_patches",
     "from_package",
+    "hub_function",
     "kinds",
     "liger_owner",
     "module_name",

@@ -13,6 +13,7 @@ from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patches import transformers_npu
 
 sys.modules["torch_npu"] = npu_emulation
+npu_emulation.integer_histc()  # for the whole child session, as on the device
 ENGINE = Engine(transformers_npu.PATCHES, Config(device="npu"))
 ENGINE.activate("upstream-mixin")
 
