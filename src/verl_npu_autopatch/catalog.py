@@ -35,6 +35,8 @@ FAMILIES: tuple[str, ...] = (
     "ascend_glm52",
     "ascend_camem",
     "ascend_capture",
+    "ascend_sampler_stream",
+    "ascend_gate_fp32",
     "vllm_engine",
     "verl_vllm",
     "tensordict_sync",
