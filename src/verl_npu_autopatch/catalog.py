@@ -29,6 +29,7 @@ PACKAGE = "verl_npu_autopatch.patches"
 FAMILIES: tuple[str, ...] = (
     "vllm_moe",
     "vllm_rotary",
+    "vllm_routed_slots",
     "transformers_npu",
     "transformers_deepstack",
     "liger",
