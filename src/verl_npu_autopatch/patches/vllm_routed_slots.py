@@ -60,12 +60,9 @@ def _fix(site: Site) -> Undo:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def store_batch(self: Any, data: Any, slot_mapping: Any) -> Any:
-            import numpy as np
-
-            slots = np.asarray(slot_mapping)
-            real = slots >= 0
+            real = slot_mapping >= 0  # numpy arrays, as the scheduler passes them
             if not real.all():  # padding rows (slot id -1) would land in the last slot
-                data, slot_mapping = data[real], slots[real]
+                data, slot_mapping = data[real], slot_mapping[real]
             return original(self, data, slot_mapping)
 
         return store_batch
