@@ -3,12 +3,14 @@
 The module holds the release's own ``AscendUnquantizedLinearMethod.process_weights_after_loading``
 (``upstream.load_subset``: the file's name and line numbers). Its ``super()`` call reaches a TEST
 DOUBLE of vLLM's ``UnquantizedLinearMethod.process_weights_after_loading``, which does nothing off
-a CPU platform (on NPU); ``maybe_trans_nz`` is the identity (ND on CPU) and records its call.
+a CPU platform (on NPU); ``maybe_trans_nz`` is the release's own (``vllm_ascend/utils.py``), with NZ
+on, so it calls the ``torch_npu.npu_format_cast`` double bound to the real op schema.
 A weight sync is the loader writing new values into ``layer.weight``, then the method running again.
 """
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Iterator
 
@@ -33,14 +35,17 @@ class VllmUnquantizedLinearMethod:
         doubles.EVENTS.append(("vllm.process_weights_after_loading", layer.prefix))
 
 
-def maybe_trans_nz(weight: torch.Tensor) -> torch.Tensor:
-    """TEST DOUBLE of vllm-ascend's ``maybe_trans_nz``: every format is ND on CPU."""
-    doubles.EVENTS.append(("maybe_trans_nz", weight.shape))
-    return weight
-
-
 def load_linear(root) -> types.ModuleType:
-    namespace = {"torch": torch, "maybe_trans_nz": maybe_trans_nz, **{n: lambda weight: False for n in KEEP_ND}}
+    utils = upstream.load_subset(
+        root / "vllm_ascend/utils.py",
+        "vllm_ascend.utils",
+        {},
+        ("maybe_trans_nz",),
+        # TEST DOUBLES: NZ on (an A2/A3 device), the format id of torch_npu's FRACTAL_NZ
+        {"torch": torch, "torch_npu": sys.modules["torch_npu"], "_should_trans_nz": lambda w: True},
+    )
+    utils.ACL_FORMAT_FRACTAL_NZ = 29  # vllm_ascend.utils' constant (torch_npu's FRACTAL_NZ format id)
+    namespace = {"torch": torch, "maybe_trans_nz": utils.maybe_trans_nz, **{n: lambda weight: False for n in KEEP_ND}}
     module = upstream.load_subset(
         root / "vllm_ascend/ops/linear.py",
         NAME,
@@ -98,6 +103,7 @@ def test_patched_sync_updates_the_captured_gate(linear):
     assert layer.weight_fp32 is captured
     assert torch.equal(captured, layer.weight.float())
     assert doubles.names().count("vllm.process_weights_after_loading") == 2  # the release's method ran
+    assert doubles.names().count("torch_npu.npu_format_cast") == 4  # fp32 gate and weight, per load
     assert engine.revert() == [STATE]
     assert layer.weight_fp32 is not sync(linear, layer)
 
