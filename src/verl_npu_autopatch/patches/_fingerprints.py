@@ -209,5 +209,8 @@ class UpstreamTree:
 
     def judge(self, module: str, qualname: str, rule: Callable[[Code], Verdict]) -> Verdict:
         """``rule`` on ``module:qualname``'s code, or ``unsupported`` when the release lacks it."""
-        code = self.code(module, qualname)
-        return unsupported(f"{module}:{qualname}", f"{module} without it") if code is None else rule(code)
+        source = self.module(module)
+        code = None if source is None else source.code(qualname)
+        if code is None:
+            return unsupported(f"{module}:{qualname}", "no such module" if source is None else f"{module} without it")
+        return rule(code)
