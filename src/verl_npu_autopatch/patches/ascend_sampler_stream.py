@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -82,14 +81,9 @@ def with_record_stream(original: Callable[..., Any]) -> Callable[..., Any]:
     node.body.insert(waits[0] + 1, record)
     node.decorator_list = []
     module = ast.Module(body=[node], type_ignores=[])
-    scratch: dict[str, Any] = {}
+    scratch: dict[str, Any] = {}  # the def binds here; the function's globals are the module's
     exec(compile(module, original.__code__.co_filename, "exec"), original.__globals__, scratch)
-    built = scratch[node.name]
-    function = types.FunctionType(
-        built.__code__, original.__globals__, original.__name__, original.__defaults__, original.__closure__
-    )
-    function.__kwdefaults__ = original.__kwdefaults__
-    return functools.wraps(original)(function)
+    return functools.wraps(original)(scratch[node.name])
 
 
 def _fix(site: Site) -> Undo:
