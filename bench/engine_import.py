@@ -6,6 +6,8 @@ the catalogue), for two source trees, paired in interleaved rounds.
         --tree before=/path/to/old/src --tree after=src [--rounds 200]
 
 The first tree is the baseline. Each tree's ``.pyc`` files are written by warm-up runs first.
+``--catalogue`` times loading the built-in catalogue instead (``catalog.builtin()``: every family
+module, what activation loads after the engine), to see what new families cost.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _bench import clean_env, interleave, report, run, summary
 
 TIMED = "import time; t = time.perf_counter(); import verl_npu_autopatch.engine; print(time.perf_counter() - t)"
+CATALOGUE = (
+    "import time; import verl_npu_autopatch.engine; from verl_npu_autopatch import catalog; "
+    "t = time.perf_counter(); catalog.builtin(); print(time.perf_counter() - t)"
+)
 
 
 def main() -> None:
@@ -27,20 +33,23 @@ def main() -> None:
     parser.add_argument("--tree", action="append", required=True, help="NAME=SRC_DIR (the first is the baseline)")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--catalogue", action="store_true", help="time catalog.builtin() instead")
     args = parser.parse_args()
+    code = CATALOGUE if args.catalogue else TIMED
     trees = dict(item.split("=", 1) for item in args.tree)
 
     def timed(src: str):
         env = clean_env(PYTHONPATH=os.path.abspath(src))
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        return lambda: float(run([args.python, "-S", "-c", TIMED], env=env))
+        return lambda: float(run([args.python, "-S", "-c", code], env=env))
 
     variants = {name: timed(src) for name, src in trees.items()}
     for measure in variants.values():  # write the .pyc files
         measure(), measure()
     samples = interleave(variants, args.rounds)
     table = summary(samples, next(iter(trees)), "ms", 1e3)
-    report("import verl_npu_autopatch.engine (python -S)", {"import": table}, {"rounds": args.rounds}, args.json)
+    title = "catalog.builtin()" if args.catalogue else "import verl_npu_autopatch.engine"
+    report(f"{title} (python -S)", {"import": table}, {"rounds": args.rounds}, args.json)
 
 
 if __name__ == "__main__":

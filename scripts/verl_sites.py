@@ -11,8 +11,12 @@ runtime fix verl carries for Ascend (``docs/verl.md``, "Parity with verl"):
   ``npu`` as a word part (``is_npu_available``, ``torch.npu``, ``apply_npu_patches``,
   ``npu_patch.py``; not ``input_ids``).
 
-:func:`unlisted` compares the sites with the parity table: a site is listed when a row names its
-file and its attribute.
+:func:`unlisted` compares the sites with the parity table: a site is listed only when a row of its
+file names its target exactly: a backticked name in the row's target cell (``module:Class.attr``
+read as ``module.Class.attr``), alone or after a module the same cell names in backticks
+(``transformers.models.qwen3.modeling_qwen3`` … ``apply_rotary_pos_emb``). A row naming only the
+attribute does not list a new site of the same name (a Qwen3-Omni ``apply_rotary_pos_emb``, another
+``NPUWorker.wake_up`` assignment).
 """
 
 from __future__ import annotations
@@ -139,16 +143,23 @@ def parity_rows(markdown: str, heading: str) -> list[tuple[list[str], str]]:
     return rows
 
 
+_MODULE = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+")
+
+
+def named(cell: str) -> set[str]:
+    """The exact dotted names a parity row's target cell names: each backticked name (``:`` read as
+    ``.``), and each one after every backticked module of the cell."""
+    items = [item.replace(":", ".") for item in re.findall(r"`([^`]+)`", cell)]
+    modules = [item for item in items if _MODULE.fullmatch(item)]
+    return set(items) | {f"{module}.{item}" for module in modules for item in items if item != module}
+
+
 def row_of(site: Site, rows: list[tuple[list[str], str]]) -> int | None:
-    """The number (from 1) of the parity row that names ``site``'s file and the longest dotted
-    tail of its target (at least its attribute, as a whole word), or ``None``."""
-    parts = site.target.split(".")
-    for size in range(len(parts), 0, -1):
-        tail = ".".join(parts[-size:])
-        word = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(tail)}(?![A-Za-z0-9_])")
-        for number, (files, target) in enumerate(rows, 1):
-            if site.file in files and word.search(target):
-                return number
+    """The number (from 1) of the parity row of ``site``'s file that names its target exactly
+    (:func:`named`), or ``None``."""
+    for number, (files, target) in enumerate(rows, 1):
+        if site.file in files and site.target in named(target):
+            return number
     return None
 
 

@@ -50,6 +50,8 @@ NOT_NUMERIC: dict[str, str] = {
     "reference); needs a FusedMoE layer in a vLLM model context",
     "vllm.rotary_flash_attn_guard": "changes what ApplyRotaryEmb imports, not what it computes",
     "vllm.engine_partial_wake_up": "EngineCore scheduling control flow",
+    "vllm.routed_experts_padding_slots": "which routing rows reach the slot buffer: indexing, no arithmetic",
+    "ascend.sampler_record_stream": "a side-stream tensor's lifetime: the same draws and ids, a race no CPU shows",
     "verl.": "hands targets back from verl's own patches: ownership, no arithmetic",
     "ascend.sfa_indexer_scale": "changes the indexer weights' scale on purpose (upstream is the bug, no reference); "
     "needs the SFA attention layer",

@@ -3,8 +3,9 @@
 ``vllm_ascend.patch.worker`` is a stand-in module whose ``__file__`` is the release's real
 ``patch/worker/__init__.py`` (what the check reads) and whose ``__path__`` holds the release's
 real ``patch_routed_experts_capture.py``, which the fix imports for real against the installed
-vLLM (its one vllm-ascend import, ``ascend_forward_context``, is a stub). The version gate reads
-a ``vllm_ascend-<version>.dist-info`` written to a temporary directory on ``sys.path``.
+vLLM (its one vllm-ascend import, ``ascend_forward_context``, is a stub). A
+``vllm_ascend-<version>.dist-info`` written to a temporary directory on ``sys.path`` makes the
+package look installed, with the release's version or a stale one (the patch decides from the code).
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ def release(request, releases, npu, tmp_path, monkeypatch) -> Iterator[Path]:
     look-ups start from an empty cache for the test and get the process's back afterwards."""
     from vllm.model_executor.layers.fused_moe import routed_experts_capturer
 
-    version = request.param
-    root = releases[version][0]
+    label, version = request.param if isinstance(request.param, tuple) else (request.param, request.param)
+    root = releases[label][0]
     info = tmp_path / "site" / f"vllm_ascend-{version}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-ascend\nVersion: {version}\n")
     package = tmp_path / "worker"
     package.mkdir()
-    shutil.copy(root / "vllm_ascend/patch/worker/patch_routed_experts_capture.py", package)
+    shipped = root / "vllm_ascend/patch/worker/patch_routed_experts_capture.py"
+    if shipped.is_file():  # releases before 0.21.0rc1 do not ship it
+        shutil.copy(shipped, package)
     worker = doubles.stub_module(ascend_capture.WORKER, "stand-in for vllm_ascend.patch.worker")
     worker.__file__, worker.__path__ = str(root / "vllm_ascend/patch/worker/__init__.py"), [str(package)]
     context = doubles.stub_module(
@@ -83,4 +86,29 @@ def test_fixed_upstream_where_the_release_imports_it(release):
     record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
     assert record.state == "fixed-upstream"
     assert "unconditionally" in record.reason
+    assert RoutedExpertsCapturer.__dict__["capture"] is original
+
+
+@pytest.mark.parametrize("release", [("0.23.0", "0.19.1rc2.dev1265")], indirect=True)
+def test_a_stale_version_string_does_not_decide(release):
+    """0.23.0's code reporting an old development version (as Ascend images do) is still patched."""
+    record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    assert record.state == "applied", record.reason
+
+
+@pytest.mark.parametrize("release", [("0.30.0rc2", "0.19.1rc2.dev1265")], indirect=True)
+def test_fixed_upstream_code_under_a_stale_version_string(release):
+    record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    assert record.state == "fixed-upstream"
+
+
+@pytest.mark.parametrize("release", [("0.18.0", "0.30.0rc2")], indirect=True)
+def test_unsupported_where_the_release_ships_no_capture_module(release):
+    """0.18.0's code (no patch_routed_experts_capture) under a newer version string."""
+    from vllm.model_executor.layers.fused_moe.routed_experts_capturer import RoutedExpertsCapturer
+
+    original = RoutedExpertsCapturer.__dict__["capture"]
+    record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    assert record.state == "unsupported"
+    assert "no such module" in record.reason
     assert RoutedExpertsCapturer.__dict__["capture"] is original

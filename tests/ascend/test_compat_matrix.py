@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.support import upstream
@@ -40,7 +42,19 @@ def test_committed_table_is_current(tables):
     assert {indexer[v] for v in lines} == {"applies"}
     camem = cells["ascend.camem_sleep_sync"]
     assert [camem[v] for v in lines] == ["applies"] * 3 + ["fixed-upstream"] * 3  # 0.27.1rc1 syncs itself
-    assert cells["ascend.routed_experts_capture"]["0.18.0"] == "gated"
+    capture = cells["ascend.routed_experts_capture"]  # decided from the code: no module before 0.21.0rc1
+    assert [capture[v] for v in ("0.13.0", "0.18.0", "0.21.0rc1", "0.25.1rc1")] == [
+        "unsupported",
+        "unsupported",
+        "applies",
+        "fixed-upstream",
+    ]
+    sampler = cells["ascend.sampler_record_stream"]
+    assert [sampler[v] for v in ("0.23.0", "0.23.0.post1", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1")] == [
+        "applies"
+    ] * 4 + ["fixed-upstream"]
+    gate_fp32 = cells["ascend.gate_fp32_in_place"]
+    assert [gate_fp32[v] for v in ("0.23.0", "0.27.1rc1", "0.28.0rc1")] == ["applies", "applies", "fixed-upstream"]
     reasons = {name: {label: reason for label, (_, reason) in row.items()} for name, _, row in rows}
     assert "patch_routed_experts_capturer" in reasons["ascend.routed_experts_capture"]["0.18.0"]
     assert "rl_config.enabled" in reasons["ascend.sfa_keep_kv_b_proj"]["0.30.0rc2"]
@@ -49,7 +63,7 @@ def test_committed_table_is_current(tables):
 
 def test_gate_uses_the_patch_requirements():
     script = upstream.matrix_script()
-    (patch,) = ascend_capture.PATCHES
+    patch = dataclasses.replace(ascend_capture.PATCHES[0], requires=("vllm-ascend>=0.21.0rc1",))
     reason = script.gate(patch, {"vllm-ascend": "0.20.2rc1"})
     assert reason == "needs vllm-ascend>=0.21.0rc1; found vllm-ascend 0.20.2rc1"
     assert script.gate(patch, {"vllm-ascend": "0.21.0rc1"}) is None

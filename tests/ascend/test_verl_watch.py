@@ -129,3 +129,25 @@ if input_ids is not None:
         ("vllm.layers.Layer.forward", "torch.npu.is_available()"),
     ]
     assert script.verl_sites.npu_word("is_torch_npu_available") and not script.verl_sites.npu_word("input_ids")
+
+
+def test_a_site_is_listed_only_by_a_row_naming_it_exactly(script):
+    """A row naming the attribute alone lists no new site of the same name; each of verl 0.9.1's
+    rotary sites and qwen2_5_vl's RMSNorm is listed by its own model's row."""
+    rows, site = script.parity_rows(), script.verl_sites.Site
+    npu_patch, vllm_patch = "verl/models/transformers/npu_patch.py", "verl/utils/vllm/npu_vllm_patch.py"
+    omni = site(npu_patch, "transformers.models.qwen3_omni.modeling_qwen3_omni.apply_rotary_pos_emb", "", 1, "")
+    wake_up = site(vllm_patch, "vllm_ascend.worker.worker.NPUWorker.wake_up", "wake_up", 1, "")
+    assert script.verl_sites.unlisted([omni, wake_up], rows) == [omni, wake_up]
+    found = {s.target: script.verl_sites.row_of(s, rows) for s in script.VERL.sites(_release(script, "0.9.1"))}
+    rotary = {t.split(".")[2]: row for t, row in found.items() if t.endswith(".apply_rotary_pos_emb")}
+    assert rotary == {
+        "qwen2": 10,
+        "qwen3": 12,
+        "qwen3_moe": 13,
+        "qwen3_vl_moe": 15,
+        "qwen3_next": 16,
+        "qwen3_5": 17,
+        "qwen3_5_moe": 18,
+    }
+    assert found["transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2RMSNorm.forward"] == 11

@@ -71,3 +71,23 @@ def test_set_marked_marks_and_never_clobbers_a_later_owner() -> None:
     holder.f = later
     undo()
     assert holder.__dict__["f"] is later
+
+
+def test_the_static_reader_skips_overload_stubs() -> None:
+    """A release's ``@overload`` stubs come before the implementation; the rule reads the latter."""
+    from verl_npu_autopatch.patches._fingerprints import ModuleSource
+
+    source = ModuleSource(
+        "from typing import overload\n"
+        "import typing\n"
+        "@overload\ndef f(x: int) -> int: ...\n"
+        "@typing.overload\ndef f(x: str) -> str: ...\n"
+        "def f(x):\n    return impl(x)\n"
+        "class C:\n"
+        "    @overload\n    def m(self, a: int) -> int: ...\n"
+        "    def m(self, a, b=None):\n        return impl(a)\n"
+    )
+    assert source.code("f") is not None and source.code("f").has("returnimpl(x)")
+    method = source.code("C.m")
+    assert method is not None and method.params == ("self", "a", "b") and method.has("returnimpl(a)")
+    assert source.function_node("C.m") is not None and len(source.function_node("C.m").args.args) == 3

@@ -59,6 +59,18 @@ def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _overload(node: ast.AST) -> bool:
+    """Whether ``node`` is a ``@typing.overload`` stub (the implementation follows it)."""
+    decorators = getattr(node, "decorator_list", [])
+    return any(ast.unparse(d).rpartition(".")[2] == "overload" for d in decorators)
+
+
+def _definitions(body: list[ast.stmt]) -> list[ast.AST]:
+    """The classes and functions of ``body``, ``@overload`` stubs left out."""
+    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return [node for node in body if isinstance(node, kinds) and not _overload(node)]
+
+
 @dataclass
 class ModuleSource:
     """One module's source text, parsed once."""
@@ -70,8 +82,8 @@ class ModuleSource:
         self.tree = ast.parse(self.text)
 
     def _top(self, name: str) -> ast.AST | None:
-        for node in self.tree.body:
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+        for node in _definitions(self.tree.body):
+            if getattr(node, "name", None) == name:
                 return node
         return None
 
@@ -99,14 +111,14 @@ class ModuleSource:
         scope = self._top(owners[0]) if owners else self.tree
         if len(owners) > 1 or not isinstance(scope, (ast.ClassDef, ast.Module)):
             return None
-        for node in scope.body:
+        for node in _definitions(scope.body):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
                 return node
         return None
 
     def _method(self, cls: ast.ClassDef, name: str, seen: set[str]) -> Code | None:
         seen.add(cls.name)
-        for node in cls.body:
+        for node in _definitions(cls.body):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
                 return Code(self._segment(node), _params(node))
         for base in cls.bases:
@@ -197,5 +209,8 @@ class UpstreamTree:
 
     def judge(self, module: str, qualname: str, rule: Callable[[Code], Verdict]) -> Verdict:
         """``rule`` on ``module:qualname``'s code, or ``unsupported`` when the release lacks it."""
-        code = self.code(module, qualname)
-        return unsupported(f"{module}:{qualname}", f"{module} without it") if code is None else rule(code)
+        source = self.module(module)
+        code = None if source is None else source.code(qualname)
+        if code is None:
+            return unsupported(f"{module}:{qualname}", "no such module" if source is None else f"{module} without it")
+        return rule(code)

@@ -5,10 +5,13 @@ release ships it but does not import it (opt-in, group ``glm52``).
 vllm-ascend 0.21 to 0.24 import that module only when the installed vLLM is *not* the paired
 release ("main2main"), so with the paired vLLM router replay under DP > 1 captures the wrong
 tokens. From 0.25.1rc1 the import is unconditional (``fixed-upstream``). Releases without the
-module (before 0.21.0rc1) are ``gated``; of those, 0.18 imports its own, differently named
-``patch.worker.patch_routed_experts_capturer`` unconditionally, which replaces
-``RoutedExpertsCapturer.init_buffer`` (buffers and shared memory per DP rank) and leaves
+module (before 0.21.0rc1) are ``unsupported`` (there is nothing to load); of those, 0.18 imports
+its own, differently named ``patch.worker.patch_routed_experts_capturer`` unconditionally, which
+replaces ``RoutedExpertsCapturer.init_buffer`` (buffers and shared memory per DP rank) and leaves
 ``capture`` as vLLM ships it (the matrix says so: the static rule's ``note``).
+
+Decided from the code only, never from vllm-ascend's version string: Ascend images often report
+a stale or development version (0.19.1rc2.dev1265 on 0.25-era code).
 
 The target is vLLM's ``RoutedExpertsCapturer.capture``, replaced by vllm-ascend's function (marked
 as ours). The trigger is the ``__file__`` of ``vllm_ascend.patch.worker``: the hook fires right
@@ -128,7 +131,6 @@ PATCHES = [
         groups=("glm52", "ascend"),
         targets=(Target.parse(f"{CAPTURER}:RoutedExpertsCapturer.capture"),),
         triggers=(Target.parse(f"{WORKER}:__file__"),),
-        requires=("vllm-ascend>=0.21.0rc1",),
         default=False,
         check=_check,
         fix=_fix,

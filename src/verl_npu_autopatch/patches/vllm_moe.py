@@ -2,9 +2,11 @@
 
 vLLM creates the fused expert weights in checkpoint layout: ``w13_weight`` is ``[E, 2*I, H]`` and
 ``w2_weight`` is ``[E, H, I]``. vllm-ascend's unquantized MoE method transposes both to
-``[E, H, 2*I]`` / ``[E, I, H]`` for its grouped-matmul kernel and only flips them back in
-``NPUWorker.wake_up``. RL weight syncs that reload weights without that wake-up hand checkpoint-shaped
-tensors to runtime-shaped parameters and fail with shape mismatches (vllm-ascend #5915, verl #5479).
+``[E, H, 2*I]`` / ``[E, I, H]`` for its grouped-matmul kernel (``process_weights_after_loading``).
+Up to 0.25.1rc1 only ``NPUWorker.wake_up`` flips them back; from 0.26.0rc1 nothing does (the
+flip-back left ``wake_up``), so every reload after the first load meets the runtime layout. RL
+weight syncs hand checkpoint-shaped tensors to runtime-shaped parameters and fail with shape
+mismatches (vllm-ascend #5915, verl #5479).
 
 The fix wraps the layer class's ``weight_loader``: when the parameter is in the runtime layout
 (``w1``/``w3`` with ``param.shape[1] == hidden_size``, or ``w2`` with ``param.shape[2] ==
