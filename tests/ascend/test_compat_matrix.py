@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from tests.support import upstream
-from verl_npu_autopatch.patches import ascend_capture
+from verl_npu_autopatch.patches import ascend_routed_experts_capture
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_committed_table_is_current(tables):
 
 def test_gate_uses_the_patch_requirements():
     script = upstream.matrix_script()
-    patch = dataclasses.replace(ascend_capture.PATCHES[0], requires=("vllm-ascend>=0.21.0rc1",))
+    patch = dataclasses.replace(ascend_routed_experts_capture.PATCHES[0], requires=("vllm-ascend>=0.21.0rc1",))
     reason = script.gate(patch, {"vllm-ascend": "0.20.2rc1"})
     assert reason == "needs vllm-ascend>=0.21.0rc1; found vllm-ascend 0.20.2rc1"
     assert script.gate(patch, {"vllm-ascend": "0.21.0rc1"}) is None

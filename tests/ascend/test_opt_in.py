@@ -8,7 +8,7 @@ from tests.support import upstream
 from verl_npu_autopatch import catalog
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
-    ascend_capture,
+    ascend_routed_experts_capture,
     ascend_glm52,
     vllm_engine_partial_wake_up,
 )
@@ -16,14 +16,14 @@ from verl_npu_autopatch.patches import (
 OURS = [
     *ascend_glm52.PATCHES,
     *ascend_camem_sleep_sync.PATCHES,
-    *ascend_capture.PATCHES,
+    *ascend_routed_experts_capture.PATCHES,
     *vllm_engine_partial_wake_up.PATCHES,
 ]
 NAMES = {p.name for p in OURS}
 
 
 def test_families_are_in_the_catalogue():
-    assert {ascend_glm52, ascend_camem_sleep_sync, ascend_capture, vllm_engine_partial_wake_up} <= set(
+    assert {ascend_glm52, ascend_camem_sleep_sync, ascend_routed_experts_capture, vllm_engine_partial_wake_up} <= set(
         catalog.families()
     )
     assert {p.name for p in catalog.builtin()} >= NAMES

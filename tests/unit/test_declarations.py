@@ -14,7 +14,7 @@ from tests.support.children import run
 from verl_npu_autopatch import catalog, cli, ownership
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
-from verl_npu_autopatch.patches import ascend_capture, vllm_engine_partial_wake_up
+from verl_npu_autopatch.patches import ascend_routed_experts_capture, vllm_engine_partial_wake_up
 from verl_npu_autopatch.patching import chain, mark, marked_by, set_attribute, set_entry, set_marked
 from verl_npu_autopatch.spec import APPLY, ComputedSites, Patch, StaticRule, Target
 
@@ -107,19 +107,19 @@ def test_a_static_rule_names_relative_python_files(reads: tuple[str, ...]) -> No
 
 
 def test_ascend_capture_declares_its_trigger_and_marks_what_it_installs() -> None:
-    (patch,) = ascend_capture.PATCHES
-    assert [str(t) for t in patch.triggers] == [f"{ascend_capture.WORKER}:__file__"]
-    assert [str(t) for t in patch.targets] == [f"{ascend_capture.CAPTURER}:RoutedExpertsCapturer.capture"]
+    (patch,) = ascend_routed_experts_capture.PATCHES
+    assert [str(t) for t in patch.triggers] == [f"{ascend_routed_experts_capture.WORKER}:__file__"]
+    assert [str(t) for t in patch.targets] == [f"{ascend_routed_experts_capture.CAPTURER}:RoutedExpertsCapturer.capture"]
     capturer = type("RoutedExpertsCapturer", (), {"capture": lambda self, layer_id, topk_ids: None})
     installed = lambda self, layer_id, topk_ids: "vllm-ascend's"  # noqa: E731
     fake = {
-        ascend_capture.CAPTURER: types.SimpleNamespace(RoutedExpertsCapturer=capturer),
-        ascend_capture.CAPTURE: types.SimpleNamespace(capture=installed),
+        ascend_routed_experts_capture.CAPTURER: types.SimpleNamespace(RoutedExpertsCapturer=capturer),
+        ascend_routed_experts_capture.CAPTURE: types.SimpleNamespace(capture=installed),
     }
     original = capturer.__dict__["capture"]
     site = types.SimpleNamespace(patch=patch)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ascend_capture.importlib, "import_module", fake.__getitem__)
+        mp.setattr(ascend_routed_experts_capture.importlib, "import_module", fake.__getitem__)
         undo = patch.fix(site)  # type: ignore[arg-type]
     assert capturer.__dict__["capture"] is installed and marked_by(installed) == patch.name
     undo()
@@ -131,7 +131,7 @@ def test_every_static_rule_is_on_its_patch_and_no_family_keeps_a_table() -> None
     assert statics == {"vllm", "ascend", "tensordict", "torch_npu", "megatron"}  # the decision table's rows
     for module in catalog.families():
         assert not hasattr(module, "STATIC") and not hasattr(module, "NOTES"), module.__name__
-    assert ascend_capture.PATCHES[0].static.note is not None
+    assert ascend_routed_experts_capture.PATCHES[0].static.note is not None
 
 
 def test_list_and_status_show_every_declared_site() -> None:

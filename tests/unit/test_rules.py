@@ -12,7 +12,7 @@ import pytest
 
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
-    ascend_capture,
+    ascend_routed_experts_capture,
     liger_arbitration,
     megatron_mtp_postprocess,
     tensordict_npu_sync,
@@ -126,15 +126,15 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     # ascend.routed_experts_capture
     "capture: conditional import": (
-        lambda: ascend_capture.capture_rule(CAPTURE, f"if not main2main:\n    import {ascend_capture.CAPTURE}\n"),
+        lambda: ascend_routed_experts_capture.capture_rule(CAPTURE, f"if not main2main:\n    import {ascend_routed_experts_capture.CAPTURE}\n"),
         "apply",
     ),
     "capture: unconditional import": (
-        lambda: ascend_capture.capture_rule(CAPTURE, f"import {ascend_capture.CAPTURE}\n"),
+        lambda: ascend_routed_experts_capture.capture_rule(CAPTURE, f"import {ascend_routed_experts_capture.CAPTURE}\n"),
         "fixed-upstream",
     ),
-    "capture: already imported": (lambda: ascend_capture.capture_rule(CAPTURE, None, True), "fixed-upstream"),
-    "capture: no module": (lambda: ascend_capture.capture_rule(None, None), "unsupported"),
+    "capture: already imported": (lambda: ascend_routed_experts_capture.capture_rule(CAPTURE, None, True), "fixed-upstream"),
+    "capture: no module": (lambda: ascend_routed_experts_capture.capture_rule(None, None), "unsupported"),
     # ascend.rms_norm_residual, ascend.sfa_keep_kv_b_proj, ascend.sfa_indexer_scale (glm52_rules)
     "rms_norm: fused add": (
         lambda: glm52_rules.rms_norm_rule(Code("torch_npu.npu_add_rms_norm(x,residual,w)", ("self", "x", "residual"))),

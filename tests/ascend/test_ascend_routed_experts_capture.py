@@ -20,7 +20,7 @@ import pytest
 from tests.ascend import doubles
 from tests.support import upstream
 from verl_npu_autopatch import _environment
-from verl_npu_autopatch.patches import ascend_capture
+from verl_npu_autopatch.patches import ascend_routed_experts_capture
 
 STATE = "ascend.routed_experts_capture"
 
@@ -41,7 +41,7 @@ def release(request, releases, npu, tmp_path, monkeypatch) -> Iterator[Path]:
     shipped = root / "vllm_ascend/patch/worker/patch_routed_experts_capture.py"
     if shipped.is_file():  # releases before 0.21.0rc1 do not ship it
         shutil.copy(shipped, package)
-    worker = doubles.stub_module(ascend_capture.WORKER, "stand-in for vllm_ascend.patch.worker")
+    worker = doubles.stub_module(ascend_routed_experts_capture.WORKER, "stand-in for vllm_ascend.patch.worker")
     worker.__file__, worker.__path__ = str(root / "vllm_ascend/patch/worker/__init__.py"), [str(package)]
     context = doubles.stub_module(
         "vllm_ascend.ascend_forward_context", _EXTRA_CTX=None, MoECommType=type("MoECommType", (), {})
@@ -50,16 +50,16 @@ def release(request, releases, npu, tmp_path, monkeypatch) -> Iterator[Path]:
     sys.path.insert(0, str(tmp_path / "site"))
     monkeypatch.setattr(_environment, "_versions", {})
     try:
-        with doubles.modules({ascend_capture.WORKER: worker, context.__name__: context}):
+        with doubles.modules({ascend_routed_experts_capture.WORKER: worker, context.__name__: context}):
             yield root
     finally:
         sys.path.remove(str(tmp_path / "site"))
-        sys.modules.pop(ascend_capture.CAPTURE, None)
+        sys.modules.pop(ascend_routed_experts_capture.CAPTURE, None)
         routed_experts_capturer.RoutedExpertsCapturer.capture = capture_before
 
 
 def test_gated_without_vllm_ascend_installed():
-    record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
     assert record.state == "gated"
     assert "vllm-ascend" in record.reason or "vllm_ascend" in record.reason
 
@@ -69,10 +69,10 @@ def test_loads_the_release_capture_where_it_is_not_imported(release):
     from vllm.model_executor.layers.fused_moe.routed_experts_capturer import RoutedExpertsCapturer
 
     original = RoutedExpertsCapturer.__dict__["capture"]
-    engine = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    engine = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
     record = engine.report()[STATE]
     assert record.state == "applied", record.reason
-    assert RoutedExpertsCapturer.capture.__module__ == ascend_capture.CAPTURE
+    assert RoutedExpertsCapturer.capture.__module__ == ascend_routed_experts_capture.CAPTURE
     assert Path(RoutedExpertsCapturer.capture.__code__.co_filename).name == "patch_routed_experts_capture.py"
     assert engine.revert() == [STATE]
     assert RoutedExpertsCapturer.__dict__["capture"] is original
@@ -83,7 +83,7 @@ def test_fixed_upstream_where_the_release_imports_it(release):
     from vllm.model_executor.layers.fused_moe.routed_experts_capturer import RoutedExpertsCapturer
 
     original = RoutedExpertsCapturer.__dict__["capture"]
-    record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
     assert record.state == "fixed-upstream"
     assert "unconditionally" in record.reason
     assert RoutedExpertsCapturer.__dict__["capture"] is original
@@ -92,13 +92,13 @@ def test_fixed_upstream_where_the_release_imports_it(release):
 @pytest.mark.parametrize("release", [("0.23.0", "0.19.1rc2.dev1265")], indirect=True)
 def test_a_stale_version_string_does_not_decide(release):
     """0.23.0's code reporting an old development version (as Ascend images do) is still patched."""
-    record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
     assert record.state == "applied", record.reason
 
 
 @pytest.mark.parametrize("release", [("0.30.0rc2", "0.19.1rc2.dev1265")], indirect=True)
 def test_fixed_upstream_code_under_a_stale_version_string(release):
-    record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
     assert record.state == "fixed-upstream"
 
 
@@ -108,7 +108,7 @@ def test_unsupported_where_the_release_ships_no_capture_module(release):
     from vllm.model_executor.layers.fused_moe.routed_experts_capturer import RoutedExpertsCapturer
 
     original = RoutedExpertsCapturer.__dict__["capture"]
-    record = upstream.run_engine(ascend_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
     assert record.state == "unsupported"
     assert "no such module" in record.reason
     assert RoutedExpertsCapturer.__dict__["capture"] is original

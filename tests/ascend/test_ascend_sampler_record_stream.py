@@ -18,9 +18,9 @@ import torch
 
 from tests.ascend import doubles, streams
 from tests.support import upstream
-from verl_npu_autopatch.patches import ascend_sampler_stream
+from verl_npu_autopatch.patches import ascend_sampler_record_stream
 
-NAME = ascend_sampler_stream.SAMPLER
+NAME = ascend_sampler_record_stream.SAMPLER
 STATE = "ascend.sampler_record_stream"
 MISSING = ("0.23.0", "0.23.0.post1", "0.24.0rc1", "0.25.1rc1")
 FIXED = ("0.26.0rc1", "0.30.0rc2")
@@ -74,7 +74,7 @@ def test_release_frees_q_with_only_the_side_stream_knowing_it(sampler):
 def test_patched_random_sample_records_q_on_the_consuming_stream(sampler):
     original = sampler.random_sample
     expected, _ = sample(sampler)
-    engine = upstream.run_engine(ascend_sampler_stream.PATCHES)
+    engine = upstream.run_engine(ascend_sampler_record_stream.PATCHES)
     assert engine.report()[STATE].state == "applied", engine.report()[STATE].reason
     assert sampler.random_sample is not original
     assert sampler.random_sample.__code__.co_filename == original.__code__.co_filename  # the release's file
@@ -89,7 +89,7 @@ def test_patched_random_sample_records_q_on_the_consuming_stream(sampler):
 @pytest.mark.parametrize("sampler", FIXED, indirect=True)
 def test_fixed_upstream_where_the_release_records_q(sampler):
     original = sampler.random_sample
-    record = upstream.run_engine(ascend_sampler_stream.PATCHES).report()[STATE]
+    record = upstream.run_engine(ascend_sampler_record_stream.PATCHES).report()[STATE]
     assert record.state == "fixed-upstream"
     assert "record_stream" in record.reason
     assert sampler.random_sample is original

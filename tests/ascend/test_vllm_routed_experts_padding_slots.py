@@ -17,9 +17,9 @@ import pytest
 
 from tests.ascend import doubles
 from tests.support import upstream
-from verl_npu_autopatch.patches import vllm_routed_slots
+from verl_npu_autopatch.patches import vllm_routed_experts_padding_slots
 
-NAME = vllm_routed_slots.CAPTURER
+NAME = vllm_routed_experts_padding_slots.CAPTURER
 STATE = "vllm.routed_experts_padding_slots"
 #: vllm-ascend release label -> its paired vLLM (0.23.0, 0.24.0, 0.29.0, 0.30.0).
 AFFECTED = ("0.23.0", "0.24.0rc1", "0.29.0rc1", "0.30.0rc2")
@@ -70,7 +70,7 @@ def test_release_writes_padding_into_the_last_slot(capturer):
 
 @pytest.mark.parametrize("capturer", AFFECTED, indirect=True)
 def test_patched_store_batch_skips_padding(capturer):
-    engine = upstream.run_engine(vllm_routed_slots.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="router_replay")
+    engine = upstream.run_engine(vllm_routed_experts_padding_slots.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="router_replay")
     assert engine.report()[STATE].state == "applied", engine.report()[STATE].reason
     owner, new = step(capturer)
     assert (owner == 7).all()
@@ -80,7 +80,7 @@ def test_patched_store_batch_skips_padding(capturer):
 
 
 def test_opt_in_off_by_default():
-    assert upstream.run_engine(vllm_routed_slots.PATCHES).report()[STATE].state == "disabled"
+    assert upstream.run_engine(vllm_routed_experts_padding_slots.PATCHES).report()[STATE].state == "disabled"
 
 
 def test_installed_vllm_has_no_manager_any_more():
@@ -88,6 +88,6 @@ def test_installed_vllm_has_no_manager_any_more():
     from vllm.model_executor.layers.fused_moe import routed_experts_capturer
 
     assert not hasattr(routed_experts_capturer, "RoutedExpertsManager")
-    record = upstream.run_engine(vllm_routed_slots.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="router_replay").report()[STATE]
+    record = upstream.run_engine(vllm_routed_experts_padding_slots.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="router_replay").report()[STATE]
     assert record.state == "unsupported"
     assert "RoutedExpertsManager" in record.reason

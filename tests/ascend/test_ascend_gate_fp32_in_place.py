@@ -19,9 +19,9 @@ import torch
 
 from tests.ascend import doubles
 from tests.support import upstream
-from verl_npu_autopatch.patches import ascend_gate_fp32
+from verl_npu_autopatch.patches import ascend_gate_fp32_in_place
 
-NAME = ascend_gate_fp32.LINEAR
+NAME = ascend_gate_fp32_in_place.LINEAR
 STATE = "ascend.gate_fp32_in_place"
 REBINDING = ("0.23.0", "0.23.0.post1", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1")
 KEEP_ND = ("_should_keep_nd_for_310p_weight", "_should_keep_nd_for_compatibility_weight")
@@ -96,7 +96,7 @@ def test_release_leaves_the_captured_gate_stale(linear):
 
 @pytest.mark.parametrize("linear", REBINDING, indirect=True)
 def test_patched_sync_updates_the_captured_gate(linear):
-    engine = upstream.run_engine(ascend_gate_fp32.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="dsv4")
+    engine = upstream.run_engine(ascend_gate_fp32_in_place.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="dsv4")
     assert engine.report()[STATE].state == "applied", engine.report()[STATE].reason
     layer = gate()
     captured = sync(linear, layer)
@@ -110,7 +110,7 @@ def test_patched_sync_updates_the_captured_gate(linear):
 
 @pytest.mark.parametrize("linear", ["0.23.0"], indirect=True)
 def test_a_gate_of_another_shape_is_taken_as_made(linear):
-    upstream.run_engine(ascend_gate_fp32.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="dsv4")
+    upstream.run_engine(ascend_gate_fp32_in_place.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="dsv4")
     layer = gate()
     method = linear.Method()
     method.process_weights_after_loading(layer)
@@ -123,7 +123,7 @@ def test_a_gate_of_another_shape_is_taken_as_made(linear):
 @pytest.mark.parametrize("linear", ["0.28.0rc1", "0.30.0rc2"], indirect=True)
 def test_fixed_upstream_where_the_release_copies(linear):
     original = linear.AscendUnquantizedLinearMethod.__dict__["process_weights_after_loading"]
-    record = upstream.run_engine(ascend_gate_fp32.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="dsv4").report()[STATE]
+    record = upstream.run_engine(ascend_gate_fp32_in_place.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="dsv4").report()[STATE]
     assert record.state == "fixed-upstream"
     assert "prefer_copy=True" in record.reason
     assert linear.AscendUnquantizedLinearMethod.__dict__["process_weights_after_loading"] is original
@@ -131,4 +131,4 @@ def test_fixed_upstream_where_the_release_copies(linear):
 
 @pytest.mark.parametrize("linear", ["0.23.0"], indirect=True)
 def test_opt_in_off_by_default(linear):
-    assert upstream.run_engine(ascend_gate_fp32.PATCHES).report()[STATE].state == "disabled"
+    assert upstream.run_engine(ascend_gate_fp32_in_place.PATCHES).report()[STATE].state == "disabled"
