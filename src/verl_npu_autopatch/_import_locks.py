@@ -30,7 +30,7 @@ def blocked_on_us(activator: int) -> bool:
 def stack_depth() -> int:
     """How many frames deep the caller is (an activation that ran out of stack is retried only
     from a shallower one)."""
-    frame, depth = sys._getframe(1), 0
-    while frame is not None:
+    frame, depth = sys._getframe(1), 1
+    while frame.f_back is not None:
         frame, depth = frame.f_back, depth + 1
     return depth

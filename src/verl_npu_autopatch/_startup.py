@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # without importing typing at run time
     from collections.abc import Iterable, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
-    from typing import Literal
+    from typing import Any, Literal
 
     Mode = Literal["placeholder", "observing", "guarding", "resuming", "retired"]
 
@@ -110,8 +110,8 @@ class Observer:
     - ``observing``: on ``sys.meta_path``; a watched package gets an activating loader;
     - ``guarding``: the engine activates (:meth:`guard`); other threads' modules of the gated
       packages wait for it in their loader (docs/index.md, "Activation and threads");
-    - ``resuming``: an activation was abandoned (interrupted, out of stack): observing, and a
-      module of a watched package activates too, since the package may be loaded already;
+    - ``resuming``: an activation was abandoned: observing, and a module of a watched package
+      (which may be loaded already, unpatched) activates too;
     - ``retired``: off ``sys.meta_path``, its work here over (a ``.pth`` processed again puts no
       observer back); an abandoned activation makes it resume (:meth:`observe_again`).
     """
@@ -127,7 +127,7 @@ class Observer:
         self.activator: int | None = None  # the thread that activates
         self.trigger = ""  # the watched package whose import began the activation
         self.woken_inert = ""  # the watched package whose import found this host inert
-        self.engine = None  # the process-wide engine, kept here with the observer (see :data:`ANCHOR`)
+        self.engine: Any = None  # the process-wide engine, kept with the observer (:data:`ANCHOR`)
         self.at_fork = False  # the fork handler is registered (once per process)
 
     def find_spec(
@@ -228,8 +228,7 @@ class Observer:
 
     def observe_again(self, hooked: bool) -> None:
         """An activation was abandoned: stop guarding and, if the start-up hook was in place
-        (``hooked``), observe again, *resuming*: the next import of a watched package or of one of
-        its modules (the package itself may be loaded already, unpatched) activates."""
+        (``hooked``), resume: the next import of a watched package, or of one of its modules, activates."""
         self.retire()
         self.mode = "placeholder"
         if hooked:
@@ -288,9 +287,20 @@ def _namespace_loader(spec):
 
 
 def _work():
-    """The module :data:`WORK` names, imported if it is not yet."""
-    __import__(WORK)
-    return sys.modules[WORK]
+    """The module :data:`WORK` names, imported if it is not yet: from this file's own package,
+    never a namesake found first on ``sys.path`` (a user's script ``verl_npu_autopatch.py``)."""
+    work = sys.modules.get(WORK)
+    if work is None:
+        package = WORK.partition(".")[0]
+        if package not in sys.modules:
+            here = os.path.dirname(__file__)  # the wheel's root, or the package's own directory
+            home = os.path.dirname(here) if os.path.basename(here) == package else here
+            spec = sys.modules["_frozen_importlib_external"].PathFinder.find_spec(package, [home])
+            if spec is not None:
+                sys.modules["_frozen_importlib"]._load(spec)
+        __import__(WORK)
+        work = sys.modules[WORK]
+    return work
 
 
 class ActivatingLoader:
@@ -367,12 +377,9 @@ def _leave_meta_path(leaving):
         sys.meta_path = [finder for finder in sys.meta_path if not leaving(finder)]
 
 
-#: Where the process's one observer (and, on it, its one engine) is kept: an attribute of ``sys``
-#: itself, not a global of this module, so that it survives this module leaving ``sys.modules``
-#: and a fresh copy being executed (``mock.patch.dict(sys.modules)`` around the first watched
-#: import, test-isolation fixtures, ``importlib.reload``). ``sys`` is the one module that cannot
-#: leave with a module dict: the import system itself lives there (``sys.modules``,
-#: ``sys.meta_path``). The name is private and unique to this package.
+#: The attribute of ``sys`` keeping the process's one observer (and, on it, its engine), not a global
+#: of this module: it survives this module leaving ``sys.modules`` and a fresh copy executing
+#: (``mock.patch.dict(sys.modules)``, ``importlib.reload``); the import system itself lives on ``sys``.
 ANCHOR = "_verl_npu_autopatch_observer"
 
 #: The process's observer, the same object for every copy of this module (see :data:`ANCHOR`).
