@@ -7,11 +7,10 @@ and logging (``_logging``); two are objects the engine holds: its post-import ho
 (``_hooks.Hooks``) and what was installed, its verification, hand-over and revert
 (``_installed.Installed``, which sees the engine through its narrow ``Host`` interface).
 
-The start-up module usually decides "inactive" on a host without the NPU stack before this
-module is ever imported. When it is imported there anyway (``report()``, ``activate()``, the vLLM
-plugin), :func:`activate` still decides that from the configuration alone, without importing
-wrapt, ``logging``, ``importlib.metadata`` or ``dataclasses``; everything heavier is imported on
-the active path only.
+On a host without the NPU stack, the start-up module usually decides "inactive" before this module
+is imported; imported there anyway (``report()``, ``activate()``, the vLLM plugin), :func:`activate`
+decides it from the configuration alone, without wrapt, ``logging``, ``importlib.metadata`` or
+``dataclasses``; everything heavier is imported on the active path only.
 """
 
 from __future__ import annotations
@@ -88,6 +87,9 @@ class Engine:
         """The start-up observer this engine drives (a ``NullObserver`` but for the process's)."""
         return self._observer
 
+    def too_deep(self) -> bool:  # as deep in the stack as an activation that ran out of stack, or deeper
+        return stack_depth() >= self._deep_failed
+
     @property
     def records(self) -> dict[str, Record]:
         """``{patch name: its live record}``, in catalogue order."""
@@ -129,7 +131,7 @@ class Engine:
         ``SystemExit``: re-raised) or out of stack (``RecursionError``; then tried again only
         from a shallower stack), it goes back to not activated (:meth:`_abandon`)."""
         depth = stack_depth()
-        if depth >= self._deep_failed or not self._enter():
+        if depth >= self._deep_failed or not self._enter():  # too deep: see too_deep
             return
         observer = self._observer
         try:
@@ -177,17 +179,15 @@ class Engine:
         fork left behind): back to ``not-activated`` (resuming, where the start-up hook was in
         place). Live fixes keep their slots; modules imported already are hooked afresh."""
         with self._lock:
-            self.status, self.reason, self.trigger, self.device = "not-activated", why, "", ""
-            self.warnings, self._config = [], self._given_config
+            self.status, self.reason, self.trigger, self.device, self.warnings = "not-activated", why, "", "", []
             self._slots = {name: slot for name, slot in self._slots.items() if slot.live()}
             self._hooks.forget_imported()
-            self._activator, self._checked_names = 0, False
+            self._activator, self._checked_names, self._config = 0, False, self._given_config
         self._observer.observe_again(self._observed)
 
     def after_fork(self) -> None:
         """In the child of ``os.fork()`` (``_activation`` registers the handler): the locks may be
-        held by threads that do not exist here; an activation under way in one of them is
-        abandoned. An activation in the thread that forked goes on."""
+        held by threads not there; an activation under way in one is abandoned, not in this one."""
         if self.status == "activating" and self._activator == _thread.get_ident():
             return
         self._lock, self._activation_lock = _thread.RLock(), _thread.RLock()
