@@ -289,18 +289,18 @@ def _namespace_loader(spec):
 def _work():
     """The module :data:`WORK` names, imported if it is not yet: from this file's own package,
     never a namesake found first on ``sys.path`` (a user's script ``verl_npu_autopatch.py``)."""
-    work = sys.modules.get(WORK)
-    if work is None:
-        package = WORK.partition(".")[0]
-        if package not in sys.modules:
-            here = os.path.dirname(__file__)  # the wheel's root, or the package's own directory
-            home = os.path.dirname(here) if os.path.basename(here) == package else here
-            spec = sys.modules["_frozen_importlib_external"].PathFinder.find_spec(package, [home])
-            if spec is not None:
-                sys.modules["_frozen_importlib"]._load(spec)
-        __import__(WORK)
-        work = sys.modules[WORK]
-    return work
+    package = WORK.partition(".")[0]
+    if package not in sys.modules:  # loaded as the import system would, under its module lock
+        bootstrap = sys.modules["_frozen_importlib"]
+        with bootstrap._ModuleLockManager(package):
+            if package not in sys.modules:
+                here = os.path.dirname(__file__)  # the wheel's root, or the package's own directory
+                home = os.path.dirname(here) if os.path.basename(here) == package else here
+                spec = sys.modules["_frozen_importlib_external"].PathFinder.find_spec(package, [home])
+                if spec is not None:
+                    bootstrap._load_unlocked(spec)
+    __import__(WORK)  # waits for another thread importing it
+    return sys.modules[WORK]
 
 
 class ActivatingLoader:
