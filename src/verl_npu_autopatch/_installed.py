@@ -327,8 +327,7 @@ class Installed:
                 if slot.installed is not None and record.state != "applied":
                     displaced = f"{record.state}: {record.reason}"
                 else:
-                    undo = slot.release()
-                    undos = [undo, *slot.stale] if undo is not None else []
+                    undos = [step for step in (slot.release(), *slot.stale) if step is not None]
                     slot.stale = []
             if displaced:
                 _logging.logger().info("%s: not reverted, the live target is not ours (%s)", record.name, displaced)

@@ -237,8 +237,8 @@ class Observer:
 
 
 def _fork_safe():
-    """Have ``_activation.after_fork_in_child`` (loaded: an activation began) run in the child of
-    ``os.fork()``: registered once per process, when a first activation begins (never at start-up)."""
+    """Have ``_activation.after_fork_in_child`` run in a fork's child: registered once per process,
+    when a first activation begins (never at start-up)."""
     if not OBSERVER.at_fork and hasattr(os, "register_at_fork"):
         OBSERVER.at_fork = True
         os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -290,15 +290,16 @@ def _work():
     """The module :data:`WORK` names, imported if it is not yet: from this file's own package,
     never a namesake found first on ``sys.path`` (a user's script ``verl_npu_autopatch.py``)."""
     package = WORK.partition(".")[0]
-    if package not in sys.modules:  # loaded as the import system would, under its module lock
+    try:  # loaded as the import system would, under its module lock
         bootstrap = sys.modules["_frozen_importlib"]
         with bootstrap._ModuleLockManager(package):
             if package not in sys.modules:
-                here = os.path.dirname(__file__)  # the wheel's root, or the package's own directory
-                home = os.path.dirname(here) if os.path.basename(here) == package else here
-                spec = sys.modules["_frozen_importlib_external"].PathFinder.find_spec(package, [home])
-                if spec is not None:
-                    bootstrap._load_unlocked(spec)
+                home = os.path.dirname(__file__)  # the wheel's root, or the package's own directory
+                home = os.path.dirname(home) if os.path.basename(home) == package else home
+                finder = sys.modules["_frozen_importlib_external"].PathFinder
+                bootstrap._load_unlocked(finder.find_spec(package, [home]))
+    except Exception:  # the import system's private names changed: the import below finds it on sys.path
+        pass
     __import__(WORK)  # waits for another thread importing it
     return sys.modules[WORK]
 
@@ -377,12 +378,10 @@ def _leave_meta_path(leaving):
         sys.meta_path = [finder for finder in sys.meta_path if not leaving(finder)]
 
 
-#: The attribute of ``sys`` keeping the process's one observer (and, on it, its engine), not a global
-#: of this module: it survives this module leaving ``sys.modules`` and a fresh copy executing
-#: (``mock.patch.dict(sys.modules)``, ``importlib.reload``); the import system itself lives on ``sys``.
+#: :data:`OBSERVER`, the process's one observer (and, on it, its engine), is kept by ``sys`` under this
+#: name, not by a global of this module: it survives this module leaving ``sys.modules`` and a fresh
+#: copy executing (``mock.patch.dict(sys.modules)``, ``importlib.reload``); ``sys`` never leaves.
 ANCHOR = "_verl_npu_autopatch_observer"
-
-#: The process's observer, the same object for every copy of this module (see :data:`ANCHOR`).
 OBSERVER: Observer = getattr(sys, ANCHOR, None) or Observer()
 setattr(sys, ANCHOR, OBSERVER)
 #: What the ``.pth`` line's placeholder calls for a watched name, and the PEP 829 ``.start`` file.
