@@ -9,6 +9,8 @@ reverted.
 
 from __future__ import annotations
 
+import sys
+
 from verl_npu_autopatch import _logging
 
 TYPE_CHECKING = False
@@ -61,9 +63,8 @@ class Installed:
     def on_import(self, module: ModuleType) -> list[Exception]:
         """Apply every pending patch that targets ``module`` (what ``sys.modules`` holds under its
         name, should it have replaced itself there while executing); returns the strict-mode errors."""
-        from verl_npu_autopatch.ownership import live_module
-
-        module = live_module(module)
+        live = sys.modules.get(module.__name__)  # (``ownership.live_module``, not imported on the inert path)
+        module = module if live is None else live
         with self._host.lock:
             patches = [
                 slot.patch
