@@ -61,12 +61,12 @@ def test_plugin_raising_system_exit_at_load(base_python: Path) -> None:
     assert proc.returncode == 0 and "plugin entry-point:fixtures failed to load" in proc.stdout
 
 
-def test_user_script_named_like_the_package(tmp_path: Path, base_python: Path) -> None:
+def test_user_script_named_like_the_package(tmp_path: Path, any_python: Path) -> None:
     # `python verl_npu_autopatch.py`: the script's directory is first on sys.path
     script = tmp_path / "verl_npu_autopatch.py"
     script.write_text('import json, vllm.model\nprint("body"); print(json.dumps(vllm.model.Layer().forward(1)))\n')
     proc = subprocess.run(
-        [str(base_python), str(script)],
+        [str(any_python), str(script)],
         env=clean_env(PYTHONPATH=str(FIXTURE_SITE), **NPU),
         capture_output=True,
         text=True,

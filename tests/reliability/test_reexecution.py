@@ -33,7 +33,7 @@ print(json.dumps(seen))
     assert reason.endswith("again after a fresh import (it had left sys.modules)")
 
 
-def test_target_replacing_itself_in_sys_modules(base_python: Path) -> None:
+def test_target_replacing_itself_in_sys_modules(any_python: Path) -> None:
     # the lazy-module idiom (transformers): the module puts another object in sys.modules
     code = """
 import json, sys, vllm, autopatch_lazy, verl_npu_autopatch
@@ -42,7 +42,7 @@ seen = [type(autopatch_lazy).__name__, autopatch_lazy.Thing().hello(), r.state]
 seen += [verl_npu_autopatch.revert("fixture.lazy"), autopatch_lazy.Thing().hello()]
 print(json.dumps(seen))
 """
-    seen = run_json(base_python, code, env={**NPU, "AUTOPATCH_FIXTURE_LAZY": "1"})
+    seen = run_json(any_python, code, env={**NPU, "AUTOPATCH_FIXTURE_LAZY": "1"})
     assert seen == ["_Lazy", "patched:upstream", "applied", ["fixture.lazy"], "upstream"]
 
 
@@ -65,7 +65,7 @@ print(json.dumps([inside, vllm.model.Layer().forward(1), vllm.Engine().run(), au
     assert seen == [12, 12, "patched:upstream", "patched:upstream", "active", "applied", "applied", True]
 
 
-def test_interrupted_activate_keeps_its_live_fix(base_python: Path) -> None:
+def test_interrupted_activate_keeps_its_live_fix(any_python: Path) -> None:
     # Ctrl-C inside activate() after one fix went in (targets imported before, without the
     # start-up hook), then activate() again: recorded applied, and revert() undoes it
     code = """
@@ -85,14 +85,14 @@ seen = [first, between.status, between["fixture.forward"].state, r.status, r["fi
 verl_npu_autopatch.revert()
 print(json.dumps(seen + [vllm.model.Layer().forward(1), autopatch_target.Thing().hello()]))
 """
-    seen = run_json(base_python, code, env={**NPU, "AUTOPATCH_FIXTURE_FIX": "interrupt"})
+    seen = run_json(any_python, code, env={**NPU, "AUTOPATCH_FIXTURE_FIX": "interrupt"})
     assert seen == [
         *["interrupted", "not-activated", "applied", "active", "applied", "applied"],
         *[12, "patched:upstream", 2, "upstream"],
     ]
 
 
-def test_interrupted_trigger_fix_then_retried_import(base_python: Path) -> None:
+def test_interrupted_trigger_fix_then_retried_import(any_python: Path) -> None:
     # Ctrl-C while the fix of the very package whose import activated goes in: that import
     # fails; the retry is patched
     code = """
@@ -106,7 +106,7 @@ import vllm, verl_npu_autopatch
 r = verl_npu_autopatch.report()
 print(json.dumps([first, vllm.Engine().run(), r.status, r["fixture.trigger"].state]))
 """
-    seen = run_json(base_python, code, env={**NPU, "AUTOPATCH_FIXTURE_FIX": "interrupt-trigger"})
+    seen = run_json(any_python, code, env={**NPU, "AUTOPATCH_FIXTURE_FIX": "interrupt-trigger"})
     assert seen == ["interrupted", "patched:upstream", "active", "applied"]
 
 
