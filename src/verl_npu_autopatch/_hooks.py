@@ -65,8 +65,9 @@ class Hooks:
         the import under way fails, and its retry is hooked (:meth:`interrupted`)."""
         try:
             self._on_import(module)
-        except BaseException:
-            self.interrupted(module)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # not a strict-mode PatchError: Ctrl-C, SystemExit
+                self.interrupted(module)
             raise
 
     def forget_imported(self) -> None:
