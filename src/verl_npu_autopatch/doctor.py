@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from verl_npu_autopatch import _summary
@@ -43,7 +44,7 @@ def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bo
         start_new_session=True,
     )
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
+        stdout, stderr = _communicate(proc, timeout)
     except subprocess.TimeoutExpired:
         stdout, stderr = _end(proc)
         steps = [line.split(STEP_MARK, 1)[1] for line in stdout.splitlines() if STEP_MARK in line]
@@ -66,8 +67,23 @@ def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bo
 GRACE_S = 2.0
 
 
+def _communicate(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """The child's output once it exited, within ``timeout`` (``TimeoutExpired`` otherwise). A child
+    that exited while a process it left behind holds the pipes open is not waited for: what it
+    wrote is read for :data:`GRACE_S` more."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.communicate(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:  # retried: communicate() loses no output
+            if proc.poll() is not None:
+                return _end(proc)
+            if time.monotonic() >= deadline:
+                raise
+
+
 def _end(proc: subprocess.Popen[str]) -> tuple[str, str]:
-    """Kill the timed-out child and its process group; what it wrote, read for :data:`GRACE_S` at most."""
+    """Kill the child and its process group (if still there); what it wrote, read for :data:`GRACE_S` at most."""
     import signal
 
     try:

@@ -95,6 +95,19 @@ def test_doctor_timeout_with_a_grandchild_holding_the_pipe(tmp_path: Path, base_
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
 
 
+def test_doctor_child_done_while_a_grandchild_holds_the_pipe(tmp_path: Path, base_python: Path) -> None:
+    # the doctor child finishes but leaves a process in a session of its own holding its pipes:
+    # doctor reports at once, not after its timeout
+    pidfile = tmp_path / "grandchild"
+    try:
+        proc = cli(base_python, "doctor", "--timeout", "100", env={**NPU, "AUTOPATCH_FIXTURE_GRANDCHILD": str(pidfile)})
+        assert proc.returncode == 0, proc.stdout
+        assert "engine: active (activated by doctor)" in proc.stdout and "TIMED OUT" not in proc.stdout
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
 def test_non_ascii_value_on_an_ascii_terminal(base_python: Path) -> None:
     env = {**NPU, "VERL_NPU_AUTOPATCH_ENABLE": "glm5\u00e9", "PYTHONIOENCODING": "ascii", "LC_ALL": "C"}
     for command in ("status", "doctor"):
