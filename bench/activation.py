@@ -17,6 +17,8 @@ Fresh processes, interleaved rounds:
 
 ``--compare PYTHON`` adds the same two measures for another venv (e.g. one with the main branch's
 wheel) in the same interleaved rounds, so a change's cost is read as a paired difference.
+``--env NAME=VALUE`` sets a variable in every child (``VERL_NPU_AUTOPATCH_LOG=ERROR``: not plainly
+inert, so ``_activation`` and the engine decide).
 
 Each child also reports whether wrapt or importlib.metadata got imported (they must not be).
 """
@@ -68,11 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", help="python of another venv with another build of the package")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in every child (e.g. VERL_NPU_AUTOPATCH_LOG=ERROR: the host is decided inert by the engine)",
+    )
     args = parser.parse_args(argv)
     seen: dict[str, set] = {}
+    extra = dict(item.split("=", 1) for item in args.env)
 
     def child(name: str, code: str, python: str = args.python, **env: str) -> float:
-        out = spawn_timed([python, "-c", code], clean_env(PYTHONPATH=str(FIXTURE_SITE), **env))[2]
+        out = spawn_timed([python, "-c", code], clean_env(PYTHONPATH=str(FIXTURE_SITE), **{**extra, **env}))[2]
         elapsed, status, wrapt, metadata = json.loads(out)
         seen.setdefault(name, set()).add(f"engine {status}, wrapt imported: {wrapt}, metadata imported: {metadata}")
         return elapsed

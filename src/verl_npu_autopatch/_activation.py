@@ -18,7 +18,7 @@ import sys
 
 from verl_npu_autopatch._config import read_config
 from verl_npu_autopatch._environment import device_decision
-from verl_npu_autopatch._startup import NAME, OBSERVER, activating, real_spec, unframed
+from verl_npu_autopatch._startup import NAME, OBSERVER, WATCHED, activating, real_spec, unframed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,11 +46,11 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
     loads."""
     if loader.waits_for is None:
         try:
-            loader.inert = inert_here()
-            if loader.inert:
-                OBSERVER.fall_inert(spec.name)
+            if OBSERVER.engine is not None and OBSERVER.engine.too_deep():
+                loader.inert = True  # where an activation ran out of stack: untouched, still resuming
             else:
-                OBSERVER.wake(spec.name)
+                loader.inert = inert_here()
+                OBSERVER.fall_inert(spec.name) if loader.inert else OBSERVER.wake(spec.name)
         except Exception:  # the decision is retried by exec_module (engine.activate); the import must go on
             pass
     create = getattr(loader.loader, "create_module", None)
@@ -104,12 +104,16 @@ def _strict(exc: BaseException) -> bool:
 
 
 def held(observer: "StartupObserver", fullname: str, path: "Any", target: "Any") -> "ModuleSpec | None":
-    """The guarding observer's answer for a name outside the watched packages: for threads other
+    """The guarding (or resuming) observer's answer for a name outside the watched packages.
+    Resuming, a module of a watched package gets an activating loader. Guarding, for threads other
     than the activating one, the modules of the gated packages (the watched ones and the other
     target packages) or, while the catalogue is not loaded yet (``gated is None``), every module
     outside the standard library and this package get a loader that waits for the activation to
     end before the module executes."""
     top = fullname.partition(".")[0]
+    if observer.mode != "guarding":  # resuming: an activation was abandoned; a watched package's module activates
+        spec = real_spec(fullname, path, target) if observer.mode == "resuming" and top in WATCHED else None
+        return None if spec is None else activating(spec, None)
     gated = observer.gated
     is_held = top in gated if gated is not None else top not in ("verl_npu_autopatch", NAME)
     if is_held and _thread.get_ident() != observer.activator:

@@ -52,7 +52,7 @@ class Hooks:
                 continue
             _logging.logger().debug("post-import hook on %s", module)
             try:
-                wrapt.register_post_import_hook(self._on_import, module)
+                wrapt.register_post_import_hook(self.notify, module)
             except self._strict_error as error:
                 errors.append(error)
             with self._lock:  # one by one: an interrupted activation registers the rest later
@@ -60,11 +60,37 @@ class Hooks:
         if errors:
             raise errors[0]
 
-    def forget_deferred(self) -> None:
-        """An activation was abandoned: the deferred modules are to be hooked afresh."""
+    def notify(self, module: ModuleType) -> None:
+        """The post-import hook: ``on_import(module)``; interrupted (Ctrl-C while a fix goes in),
+        the import under way fails, and its retry is hooked (:meth:`interrupted`)."""
+        try:
+            self._on_import(module)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # not a strict-mode PatchError: Ctrl-C, SystemExit
+                self.interrupted(module)
+            raise
+
+    def forget_imported(self) -> None:
+        """An activation was abandoned: the deferred modules and those imported already (whose
+        hook fired, or ran at registration) are to be hooked afresh; hooks still waiting stay."""
         with self._lock:
-            self._hooked -= self._deferred
+            self._hooked -= self._deferred | {name for name in self._hooked if name in sys.modules}
             self._deferred.clear()
+
+    def interrupted(self, module: ModuleType) -> None:
+        """Applying the fixes of ``module`` was interrupted (``KeyboardInterrupt``): if its import
+        is under way, that import fails now; hook its retry. (A module imported already is hooked
+        afresh by the next activation: :meth:`forget_imported`.)"""
+        from verl_npu_autopatch._resolution import initializing
+
+        name = getattr(module, "__name__", "")
+        if not name or not initializing(sys.modules.get(name)):
+            return
+        with self._lock:
+            self._deferred.discard(name)
+            self._hooked.add(name)
+        del sys.modules[name]  # as the import system does next; wrapt hooks only what is not loaded
+        self._hook_later([name])
 
     def loaded(self, name: str) -> None:
         """Deferred module ``name`` finished executing; the engine handles it now."""
@@ -91,7 +117,7 @@ class Hooks:
 
         for name in names:
             _logging.logger().debug("post-import hook on %s (its import failed)", name)
-            wrapt.register_post_import_hook(self._on_import, name)
+            wrapt.register_post_import_hook(self.notify, name)
 
     def catch_up(self) -> None:
         """Handle deferred modules that have finished executing since, and hook those whose

@@ -1,4 +1,5 @@
-"""The import system's own deadlock bookkeeping, read by the engine while another thread activates."""
+"""The import system's own deadlock bookkeeping, read by the engine while another thread activates,
+and the depth of the stack an activation runs at."""
 
 import _thread
 import sys
@@ -24,3 +25,12 @@ def blocked_on_us(activator: int) -> bool:
         return False
     except Exception:  # private CPython bookkeeping whose shape may change: then no deadlock is seen
         return False
+
+
+def stack_depth() -> int:
+    """How many frames deep the caller is (an activation that ran out of stack is retried only
+    from a shallower one)."""
+    frame, depth = sys._getframe(1), 1
+    while frame.f_back is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth

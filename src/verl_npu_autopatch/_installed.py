@@ -9,6 +9,8 @@ reverted.
 
 from __future__ import annotations
 
+import sys
+
 from verl_npu_autopatch import _logging
 
 TYPE_CHECKING = False
@@ -59,7 +61,10 @@ class Installed:
 
     # ----------------------------------------------------------------- application
     def on_import(self, module: ModuleType) -> list[Exception]:
-        """Apply every pending patch that targets ``module``; returns the strict-mode errors."""
+        """Apply every pending patch that targets ``module`` (what ``sys.modules`` holds under its
+        name, should it have replaced itself there while executing); returns the strict-mode errors."""
+        live = sys.modules.get(module.__name__)  # (``ownership.live_module``, not imported on the inert path)
+        module = module if live is None else live
         with self._host.lock:
             patches = [
                 slot.patch
@@ -153,7 +158,7 @@ class Installed:
             if self._watcher is None:
                 self._watcher = ownership.ReloadWatcher(self._watches, self._on_reload)
             watcher = self._watcher
-        watcher.put_first()
+        watcher.put_first(installed.target.module)
 
     def verify(self) -> None:
         """Re-check every applied (or displaced) patch against the live attribute and move its
@@ -208,9 +213,11 @@ class Installed:
             slots = self._host.slots.values()
             return any(s.installed is not None and s.installed.target.module == module for s in slots)
 
-    def _on_reload(self, module: ModuleType) -> None:
-        """``importlib.reload`` re-executed ``module``: its targets hold upstream code again, so
-        every patch applied (or displaced) there is decided and applied afresh."""
+    def _on_reload(self, module: ModuleType, how: str) -> None:
+        """``module`` was executed again (``importlib.reload``, or imported afresh after leaving
+        ``sys.modules``): its targets hold upstream code again, so every patch applied (or
+        displaced) there is decided and applied afresh. The undo of a fix on an earlier module
+        object is kept for ``revert`` (it acts only while its value is still in place)."""
         from verl_npu_autopatch import ownership
 
         host = self._host
@@ -223,7 +230,7 @@ class Installed:
                 and slot.record.state in ownership.VERIFIED_STATES
             ]
             for slot in slots:
-                slot.release()  # its undo acts on the classes the reload replaced
+                slot.release(keep=True)  # its undo acts on the objects the re-execution replaced
                 slot.record.state = "pending"
         for slot in slots:
             try:
@@ -234,7 +241,7 @@ class Installed:
             with host.lock:
                 where = slot.installed if record.state == "applied" else None
                 if where is not None:
-                    where.reason = f"{where.reason}; again after importlib.reload"
+                    where.reason = f"{where.reason}; again after {how}"
             if where is not None:
                 host.set_state(record, "applied", where.reason)
 
@@ -321,14 +328,16 @@ class Installed:
                 if slot.installed is not None and record.state != "applied":
                     displaced = f"{record.state}: {record.reason}"
                 else:
-                    undo = slot.release()
+                    undos = [step for step in (slot.release(), *slot.stale) if step is not None]
+                    slot.stale = []
             if displaced:
                 _logging.logger().info("%s: not reverted, the live target is not ours (%s)", record.name, displaced)
                 continue
-            if undo is None:
+            if not undos:
                 continue
             try:
-                undo()
+                for step in undos:  # the live fix, then those left on earlier module objects
+                    step()
             except Exception as exc:
                 _logging.logger().error("reverting %s failed", record.name, exc_info=True)
                 host.set_state(record, "failed", f"revert raised {type(exc).__name__}: {exc}")

@@ -17,11 +17,12 @@ class Slot:
     ``patch`` is ``None`` for an entry point that failed to load or was skipped (a record only);
     ``variants`` are the targets still in play after the gates; ``rejected`` maps the variants
     whose check said unsupported (last application) to why; ``installed`` and ``undo`` say where
-    the applied fix installed what and how to take it back; ``yielded`` is the target left to
+    the applied fix installed what and how to take it back (``stale``: the undos of fixes left on
+    module objects a re-execution replaced, run by ``revert`` too); ``yielded`` is the target left to
     another owner at apply time (re-verified); ``claimed``: an application is under way.
     """
 
-    __slots__ = ("claimed", "installed", "patch", "record", "rejected", "undo", "variants", "yielded")
+    __slots__ = ("claimed", "installed", "patch", "record", "rejected", "stale", "undo", "variants", "yielded")
 
     def __init__(self, patch: Patch | None, record: Record, variants: tuple[Target, ...] = ()) -> None:
         self.patch = patch
@@ -30,11 +31,18 @@ class Slot:
         self.rejected: dict[Target, str] = {}
         self.installed: Installation | None = None
         self.undo: Undo | None = None
+        self.stale: list[Undo] = []
         self.yielded: Target | None = None
         self.claimed = False
 
-    def release(self) -> Undo | None:
+    def live(self) -> bool:
+        """A fix of this patch went in and was not taken back (its undo is kept)."""
+        return self.undo is not None or self.installed is not None or bool(self.stale)
+
+    def release(self, keep: bool = False) -> Undo | None:
         """Forget what the fix installed (reverted, handed over, or to be applied afresh);
-        returns its undo."""
+        returns its undo, also kept in :attr:`stale` with ``keep`` (the module was executed again)."""
         undo, self.undo, self.installed = self.undo, None, None
+        if keep and undo is not None:
+            self.stale.append(undo)
         return undo

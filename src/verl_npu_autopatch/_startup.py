@@ -18,9 +18,9 @@ if TYPE_CHECKING:  # without importing typing at run time
     from collections.abc import Iterable, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
-    from typing import Literal
+    from typing import Any, Literal
 
-    Mode = Literal["placeholder", "observing", "guarding", "retired"]
+    Mode = Literal["placeholder", "observing", "guarding", "resuming", "retired"]
 
 #: Top-level packages whose first import activates the engine. ``tests`` check that every
 #: built-in patch target lives under one of these; the ``.pth`` line is rendered from it.
@@ -110,11 +110,13 @@ class Observer:
     - ``observing``: on ``sys.meta_path``; a watched package gets an activating loader;
     - ``guarding``: the engine activates (:meth:`guard`); other threads' modules of the gated
       packages wait for it in their loader (docs/index.md, "Activation and threads");
+    - ``resuming``: an activation was abandoned: observing, and a module of a watched package
+      (which may be loaded already, unpatched) activates too;
     - ``retired``: off ``sys.meta_path``, its work here over (a ``.pth`` processed again puts no
-      observer back); an abandoned activation makes it observe again (:meth:`observe_again`).
+      observer back); an abandoned activation makes it resume (:meth:`observe_again`).
     """
 
-    __slots__ = ("activator", "gated", "mode", "trigger", "woken_inert")
+    __slots__ = ("activator", "at_fork", "engine", "gated", "mode", "trigger", "woken_inert")
 
     #: Marks the observer on ``sys.meta_path`` (:func:`is_hook`).
     verl_npu_autopatch_observer = True
@@ -125,16 +127,19 @@ class Observer:
         self.activator: int | None = None  # the thread that activates
         self.trigger = ""  # the watched package whose import began the activation
         self.woken_inert = ""  # the watched package whose import found this host inert
+        self.engine: Any = None  # the process-wide engine, kept with the observer (:data:`ANCHOR`)
+        self.at_fork = False  # the fork handler is registered (once per process)
 
     def find_spec(
         self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
     ) -> "ModuleSpec | None":
         """A watched package's real spec with an activating loader; else ``None`` (one frozenset
-        lookup), unless guarding: then ``_activation.held`` (loaded: an activation began) decides."""
+        lookup), unless guarding or resuming: then ``_activation.held`` (loaded: an activation
+        began) decides."""
         if fullname in WATCHED:
             spec = real_spec(fullname, path, target)
             return None if spec is None else activating(spec, None)
-        if self.mode != "guarding":
+        if self.mode == "observing":
             return None
         work = sys.modules.get(WORK)
         return None if work is None else work.held(self, fullname, path, target)
@@ -185,7 +190,7 @@ class Observer:
             else:
                 sys.meta_path.insert(0, self)
         drop_placeholders()
-        if self.mode != "guarding":
+        if self.mode not in ("guarding", "resuming"):
             self.mode = "observing"
 
     def wake(self, trigger: str) -> None:
@@ -223,21 +228,19 @@ class Observer:
 
     def observe_again(self, hooked: bool) -> None:
         """An activation was abandoned: stop guarding and, if the start-up hook was in place
-        (``hooked``), observe again, so the next watched import activates."""
+        (``hooked``), resume: the next import of a watched package, or of one of its modules, activates."""
         self.retire()
         self.mode = "placeholder"
         if hooked:
+            self.mode = "resuming"
             self.observe()
 
 
-_at_fork: list = globals().get("_at_fork", [])
-
-
 def _fork_safe():
-    """Have ``_activation.after_fork_in_child`` (loaded: an activation began) run in the child of
-    ``os.fork()``: registered once, when a first activation begins (never at start-up)."""
-    if not _at_fork and hasattr(os, "register_at_fork"):
-        _at_fork.append(True)
+    """Have ``_activation.after_fork_in_child`` run in a fork's child: registered once per process,
+    when a first activation begins (never at start-up)."""
+    if not OBSERVER.at_fork and hasattr(os, "register_at_fork"):
+        OBSERVER.at_fork = True
         os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
@@ -284,8 +287,20 @@ def _namespace_loader(spec):
 
 
 def _work():
-    """The module :data:`WORK` names, imported if it is not yet."""
-    __import__(WORK)
+    """The module :data:`WORK` names, imported if it is not yet: from this file's own package,
+    never a namesake found first on ``sys.path`` (a user's script ``verl_npu_autopatch.py``)."""
+    package = WORK.partition(".")[0]
+    try:  # loaded as the import system would, under its module lock
+        bootstrap = sys.modules["_frozen_importlib"]
+        with bootstrap._ModuleLockManager(package):
+            if package not in sys.modules:
+                home = os.path.dirname(__file__)  # the wheel's root, or the package's own directory
+                home = os.path.dirname(home) if os.path.basename(home) == package else home
+                finder = sys.modules["_frozen_importlib_external"].PathFinder
+                bootstrap._load_unlocked(finder.find_spec(package, [home]))
+    except Exception:  # the import system's private names changed: the import below finds it on sys.path
+        pass
+    __import__(WORK)  # waits for another thread importing it
     return sys.modules[WORK]
 
 
@@ -363,8 +378,12 @@ def _leave_meta_path(leaving):
         sys.meta_path = [finder for finder in sys.meta_path if not leaving(finder)]
 
 
-#: The process's observer; an ``importlib.reload`` of this module keeps it.
-OBSERVER: Observer = globals().get("OBSERVER") or Observer()
+#: :data:`OBSERVER`, the process's one observer (and, on it, its engine), is kept by ``sys`` under this
+#: name, not by a global of this module: it survives this module leaving ``sys.modules`` and a fresh
+#: copy executing (``mock.patch.dict(sys.modules)``, ``importlib.reload``); ``sys`` never leaves.
+ANCHOR = "_verl_npu_autopatch_observer"
+OBSERVER: Observer = getattr(sys, ANCHOR, None) or Observer()
+setattr(sys, ANCHOR, OBSERVER)
 #: What the ``.pth`` line's placeholder calls for a watched name, and the PEP 829 ``.start`` file.
 take_over, install_observer = OBSERVER.take_over, OBSERVER.start
 

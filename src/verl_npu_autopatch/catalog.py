@@ -6,6 +6,7 @@ import importlib
 import pkgutil
 from collections.abc import Iterable
 from types import ModuleType
+from typing import Any
 
 from verl_npu_autopatch.spec import Patch
 
@@ -123,31 +124,86 @@ class Catalogue:
         return unique, warnings
 
 
-def plugins(disable: Iterable[str] = ()) -> Catalogue:
+def plugins(disable: Iterable[str] = (), timeout: float | None = None) -> Catalogue:
     """Patches from the ``verl_npu_autopatch.patches`` entry points. An entry point named in
     ``disable`` (as ``NAME`` or ``entry-point:NAME``) is skipped: its module is never imported.
     Any other installed distribution that declares one is imported here (see the trust model in
-    docs/writing-a-patch.md)."""
-    from importlib.metadata import entry_points
-
+    docs/writing-a-patch.md). Each distribution's entry points are read, and each is loaded,
+    under its own guard: unreadable metadata (``distribution:NAME``) or a plugin that raises,
+    even ``SystemExit``, is an error of its own, never the end of the catalogue. With
+    ``timeout`` (``status``), a plugin whose load does not finish within it is an error too."""
     off = set(disable)
     found = Catalogue([])
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        label = f"entry-point:{point.name}"
-        found.entry_points.append(point.name)
-        if point.name in off or label in off:
-            found.skipped.append(label)
-            continue
-        try:
-            found.patches += _as_patches(point.load())
-        except Exception as exc:
-            found.errors.append((label, f"loading {point.value} raised {type(exc).__name__}: {exc}", exc))
+    for dist, points in _entry_points(found):
+        for point in points:
+            label = f"entry-point:{point.name}"
+            found.entry_points.append(point.name)
+            if point.name in off or label in off:
+                found.skipped.append(label)
+                continue
+            try:
+                found.patches += _load(point, timeout)
+            except (Exception, SystemExit) as exc:  # a plugin's bug (or argparse at import) is its record
+                error = f"loading {point.value} (distribution {dist}) raised {type(exc).__name__}: {exc}"
+                found.errors.append((label, error, exc))
     return found
 
 
-def load(disable: Iterable[str] = ()) -> Catalogue:
-    """Built-in then plugin patches (entry points named in ``disable`` are not imported)."""
-    found = plugins(disable)
+def _entry_points(found: Catalogue) -> list[tuple[str, list[Any]]]:
+    """``(distribution, its entry points in our group)`` for each installed distribution, the first
+    of each name on the path (as ``importlib.metadata.entry_points`` picks them); one whose
+    metadata cannot be read is an error in ``found`` naming it."""
+    from importlib.metadata import distributions
+
+    seen: set[str] = set()
+    listed = []
+    for dist in distributions():
+        name = "?"
+        try:
+            # the name from the path, as entry_points() reads it (no METADATA read), else METADATA's
+            name = getattr(dist, "_normalized_name", None) or dist.metadata["Name"] or "?"
+            if name in seen:
+                continue
+            seen.add(name)
+            points = [point for point in dist.entry_points if point.group == ENTRY_POINT_GROUP]
+        except Exception as exc:  # broken metadata of one distribution: its record, the others still load
+            error = f"reading the entry points of distribution {name} raised {type(exc).__name__}: {exc}"
+            found.errors.append((f"distribution:{name}", error, exc))
+            continue
+        if points:
+            listed.append((name, points))
+    return listed
+
+
+def _load(point: Any, timeout: float | None) -> list[Patch]:
+    """The patches of entry point ``point``; with ``timeout``, loaded in a daemon thread waited
+    for that long (a plugin that hangs at load is left behind, and is an error)."""
+    if timeout is None:
+        return _as_patches(point.load())
+    import threading
+
+    result: list[Any] = []
+
+    def load() -> None:
+        try:
+            result.append(_as_patches(point.load()))
+        except BaseException as exc:  # handed to the waiting thread, which raises it there
+            result.append(exc)
+
+    worker = threading.Thread(target=load, name=f"load {point.name}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not result:
+        raise TimeoutError(f"its load did not finish within {timeout:g} s")
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return list(result[0])
+
+
+def load(disable: Iterable[str] = (), timeout: float | None = None) -> Catalogue:
+    """Built-in then plugin patches (entry points named in ``disable`` are not imported;
+    ``timeout``: see :func:`plugins`)."""
+    found = plugins(disable, timeout)
     found.patches = builtin() + found.patches
     return found
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import site
 import sys
 from pathlib import Path
@@ -71,12 +72,17 @@ def touches(patch: Patch) -> list[str]:
     return lines
 
 
-def status_data() -> dict[str, Any]:
+#: Seconds ``status`` waits for each plugin's entry point to load (a plugin that hangs at load is
+#: then listed as failed to load; ``status`` never hangs).
+STATUS_TIMEOUT_S = 30.0
+
+
+def status_data(timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
     """This environment, configuration, device decision and each patch's gates, without
-    importing any target."""
+    importing any target (the plugins' entry points are loaded, each within ``timeout``)."""
     config = read_config()
     device, inert = _environment.device_decision(config)
-    loaded = catalog.load(config.disable)
+    loaded = catalog.load(config.disable, timeout)
     warnings = [*config.warnings, *config.unknown_names(loaded.names())]
     errors = []
     if not inert:
@@ -244,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="this environment, configuration and each patch's gates")
     status.add_argument("--json", action="store_true")
     status.add_argument("--all", action="store_true", help="every patch, its reason and what it touches")
+    status.add_argument(
+        "--timeout",
+        type=seconds,
+        default=STATUS_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"how long each plugin's entry point may take to load (default {STATUS_TIMEOUT_S:g})",
+    )
     listing = sub.add_parser("list", help="the patch catalogue")
     listing.add_argument("--json", action="store_true")
     listing.add_argument("--markdown", action="store_true", help="print docs/patches.md")
@@ -261,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the node probes run in")
     doctor.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         metavar="SECONDS",
         help=f"how long the child may run (default {DOCTOR_TIMEOUT_S:g}; with --ray, the node probes: 900); "
         f"exit code {TIMED_OUT} when it runs out",
@@ -269,7 +282,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def seconds(text: str) -> float:
+    """``--timeout``'s value: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def ascii_safe() -> None:
+    """Whatever the locale (``PYTHONIOENCODING=ascii``, the C locale), a character the output
+    cannot encode is written as an escape, never a ``UnicodeEncodeError``."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except Exception:  # a stream that cannot be reconfigured (replaced by the caller) is left as it is
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    ascii_safe()
     try:
         return _main(argv)
     except BrokenPipeError:  # e.g. `verl-npu-autopatch status | head`
@@ -280,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "status":
-        data = status_data()
+        data = status_data(args.timeout)
         print(json.dumps(data, indent=2)) if args.json else print_status(data, full=args.all)
         return 0
     if args.command == "list":
@@ -298,6 +335,6 @@ def _main(argv: list[str] | None) -> int:
 
         probe = verified_status_data if args.verify else status_data
         return ray_doctor.main(args, status=f"{__name__}:{probe.__name__}")
-    data = run_doctor(args.device, args.timeout or DOCTOR_TIMEOUT_S, verify=args.verify)
+    data = run_doctor(args.device, DOCTOR_TIMEOUT_S if args.timeout is None else args.timeout, verify=args.verify)
     print(json.dumps(data, indent=2)) if args.json else print_doctor(data, full=args.all)
     return doctor_exit_code(data)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from verl_npu_autopatch import _summary
@@ -27,10 +28,10 @@ CHILD = ("-m", "verl_npu_autopatch._doctor_child")
 def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bool = False) -> dict[str, Any]:
     """Run the doctor child: a fresh interpreter of this environment imports every target (and
     with ``verify`` checks the kernels against upstream). It runs in its own session, so a timeout
-    ends it and anything it started."""
-    import signal
-
-    env = dict(os.environ)
+    ends it and anything it started there; what it leaves behind elsewhere (a grandchild in a
+    session of its own holding the pipe) is waited for :data:`GRACE_S` at most. Its output is
+    UTF-8 whatever the locale."""
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     if device:
         env["VERL_NPU_AUTOPATCH_DEVICE"] = device
     proc = subprocess.Popen(
@@ -38,17 +39,14 @@ def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bo
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         start_new_session=True,
     )
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
+        stdout, stderr = _communicate(proc, timeout)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:  # no such process group (already gone): kill the child alone
-            proc.kill()
-        stdout, stderr = proc.communicate()
+        stdout, stderr = _end(proc)
         steps = [line.split(STEP_MARK, 1)[1] for line in stdout.splitlines() if STEP_MARK in line]
         running = steps[-1] if steps else "interpreter start-up"
         return {
@@ -62,6 +60,49 @@ def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bo
     data = json.loads(stdout.rsplit(DOCTOR_MARK, 1)[1])
     data["stderr"] = stderr
     return data
+
+
+#: Seconds ``doctor`` still reads the child's pipes once it killed it (a process it left behind in
+#: another session may hold them open for good).
+GRACE_S = 2.0
+
+
+def _communicate(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """The child's output once it exited, within ``timeout`` (``TimeoutExpired`` otherwise). A child
+    that exited while a process it left behind holds the pipes open is not waited for: what it
+    wrote is read for :data:`GRACE_S` more."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.communicate(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:  # retried: communicate() loses no output
+            if proc.poll() is not None:
+                return _end(proc)
+            if time.monotonic() >= deadline:
+                raise
+
+
+def _end(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Kill the child and its process group (if still there); what it wrote, read for :data:`GRACE_S` at most."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:  # no such process group (already gone): kill the child alone
+        proc.kill()
+    try:
+        return proc.communicate(timeout=GRACE_S)
+    except subprocess.TimeoutExpired as late:  # the pipe is held elsewhere: go on with what was read
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
+        return _text(late.stdout), _text(late.stderr)
+
+
+def _text(data: str | bytes | None) -> str:
+    """Output a ``TimeoutExpired`` carried (bytes before Python decodes it)."""
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data or ""
 
 
 def doctor_exit_code(data: dict[str, Any]) -> int:
@@ -128,6 +169,21 @@ def print_doctor(data: dict[str, Any], full: bool = False) -> None:
         )
     failed = [r["name"] for r in records if r["state"] == "failed"]
     if failed:
-        print(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{data['stderr']}")
+        print(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{first_screen(data['stderr'], full)}")
     elif data["status"] == "failed":
-        print(f"\n{data['stderr']}")
+        print(f"\n{first_screen(data['stderr'], full)}")
+
+
+#: Lines of the child's log (tracebacks) ``doctor`` shows without ``--all``.
+LOG_LINES = 20
+
+
+def first_screen(log: str, full: bool) -> str:
+    """The child's log: in full with ``full``, else its first :data:`LOG_LINES` lines, each cut
+    to the width, and how to see the rest."""
+    lines = log.rstrip("\n").splitlines()
+    if full or (len(lines) <= LOG_LINES and all(len(line) <= _summary.WIDTH for line in lines)):
+        return log
+    shown = [line if len(line) <= _summary.WIDTH else line[: _summary.WIDTH - 3] + "..." for line in lines[:LOG_LINES]]
+    more = f"{len(lines) - len(shown)} more lines" if len(lines) > len(shown) else "long lines cut"
+    return "\n".join([*shown, f"... ({more}; the whole log: verl-npu-autopatch doctor --all)"]) + "\n"

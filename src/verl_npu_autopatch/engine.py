@@ -7,11 +7,10 @@ and logging (``_logging``); two are objects the engine holds: its post-import ho
 (``_hooks.Hooks``) and what was installed, its verification, hand-over and revert
 (``_installed.Installed``, which sees the engine through its narrow ``Host`` interface).
 
-The start-up module usually decides "inactive" on a host without the NPU stack before this
-module is ever imported. When it is imported there anyway (``report()``, ``activate()``, the vLLM
-plugin), :func:`activate` still decides that from the configuration alone, without importing
-wrapt, ``logging``, ``importlib.metadata`` or ``dataclasses``; everything heavier is imported on
-the active path only.
+On a host without the NPU stack, the start-up module usually decides "inactive" before this module
+is imported; imported there anyway (``report()``, ``activate()``, the vLLM plugin), :func:`activate`
+decides it from the configuration alone, without wrapt, ``logging``, ``importlib.metadata`` or
+``dataclasses``; everything heavier is imported on the active path only.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import _thread
 from verl_npu_autopatch import _environment, _gates, _logging
 from verl_npu_autopatch._config import Config, read_config
 from verl_npu_autopatch._hooks import Hooks
-from verl_npu_autopatch._import_locks import blocked_on_us
+from verl_npu_autopatch._import_locks import blocked_on_us, stack_depth
 from verl_npu_autopatch._installed import Installed
 from verl_npu_autopatch._logging import LOGGER_NAME
 from verl_npu_autopatch._observer import NullObserver
@@ -81,11 +80,15 @@ class Engine:
         self._activator = 0
         self._observed = False  # the start-up hook was on sys.meta_path when activation began
         self._checked_names = False
+        self._deep_failed = 1 << 30  # the stack depth an activation ran out of stack at
 
     @property
     def observer(self) -> Observer:
         """The start-up observer this engine drives (a ``NullObserver`` but for the process's)."""
         return self._observer
+
+    def too_deep(self) -> bool:  # as deep in the stack as an activation that ran out of stack, or deeper
+        return stack_depth() >= self._deep_failed
 
     @property
     def records(self) -> dict[str, Record]:
@@ -125,10 +128,10 @@ class Engine:
         is patched before its import completes. Never raises, except ``PatchError`` in strict
         mode. Never called with the interpreter's import lock held (the start-up observer
         activates from its loader, not from ``find_spec``). Interrupted (``KeyboardInterrupt``,
-        ``SystemExit``), it goes back to not activated and re-raises: a later watched import or
-        call activates again.
-        """
-        if not self._enter():
+        ``SystemExit``: re-raised) or out of stack (``RecursionError``; then tried again only
+        from a shallower stack), it goes back to not activated (:meth:`_abandon`)."""
+        depth = stack_depth()
+        if depth >= self._deep_failed or not self._enter():  # too deep: see too_deep
             return
         observer = self._observer
         try:
@@ -152,8 +155,8 @@ class Engine:
             observer.guard(self._activator)
             try:
                 self._activate(config)
-            except PatchError:
-                raise  # strict mode
+            except (PatchError, RecursionError):
+                raise  # strict mode; out of stack (below)
             except Exception as exc:  # a bug or a broken install must not break the user's import
                 self.status, self.reason = "failed", f"activation failed: {type(exc).__name__}: {exc}"
                 _logging.logger().error("verl-npu-autopatch %s", self.reason, exc_info=exc)
@@ -161,29 +164,30 @@ class Engine:
                     raise PatchError(f"verl-npu-autopatch {self.reason} (strict mode)") from exc
             finally:
                 observer.retire()
+        except RecursionError:  # a first import deep in the stack, which fits without us: retried shallower
+            self._deep_failed = depth
+            self._abandon(f"activation ran out of stack ({depth} frames deep); the next watched import activates")
         except BaseException as exc:
             if not isinstance(exc, Exception):  # Ctrl-C during a slow first import: activate again later
-                self._abandon()
+                self._abandon(f"activation interrupted ({type(exc).__name__}); the next watched import activates")
             raise
         finally:
             self._activation_lock.release()
 
-    def _abandon(self) -> None:
-        """An activation that cannot finish (interrupted, or under way in a thread a fork left
-        behind): back to ``not-activated``, and, where the start-up hook was in place, observing
-        again. Hooks already registered stay (they act only on pending records); a fix already
-        installed is found in place when the engine activates again."""
+    def _abandon(self, why: str = "") -> None:
+        """An activation that cannot finish (interrupted, out of stack, or under way in a thread a
+        fork left behind): back to ``not-activated`` (resuming, where the start-up hook was in
+        place). Live fixes keep their slots; modules imported already are hooked afresh."""
         with self._lock:
-            self.status, self.reason, self.trigger, self.device = "not-activated", "", "", ""
-            self.warnings, self._slots, self._config = [], {}, self._given_config
-            self._hooks.forget_deferred()
-            self._activator, self._checked_names = 0, False
+            self.status, self.reason, self.trigger, self.device, self.warnings = "not-activated", why, "", "", []
+            self._slots = {name: slot for name, slot in self._slots.items() if slot.live()}
+            self._hooks.forget_imported()
+            self._activator, self._checked_names, self._config = 0, False, self._given_config
         self._observer.observe_again(self._observed)
 
     def after_fork(self) -> None:
         """In the child of ``os.fork()`` (``_activation`` registers the handler): the locks may be
-        held by threads that do not exist here; an activation under way in one of them is
-        abandoned. An activation in the thread that forked goes on."""
+        held by threads not there; an activation under way in one is abandoned, not in this one."""
         if self.status == "activating" and self._activator == _thread.get_ident():
             return
         self._lock, self._activation_lock = _thread.RLock(), _thread.RLock()
@@ -219,6 +223,7 @@ class Engine:
         logger.debug("wrapt %s from %s", _environment.distribution_version("wrapt"), getattr(wrapt, "__file__", "?"))
 
         loaded = catalog.load(config.disable) if self._catalogue is None else catalog.Catalogue(list(self._catalogue))
+        kept, self._slots = self._slots, {}  # live fixes an interrupted activation left (_abandon)
         self.warnings += config.unknown_names(loaded.names())
         self._checked_names = True
         self._flush_warnings()
@@ -242,11 +247,13 @@ class Engine:
                 patch = unique[name]
                 targets = " | ".join(map(str, plan.variants or patch.hooks))
                 record = Record(name, patch.groups, targets, "pending", versions=plan.versions)
-                self._slots[name] = Slot(patch, record, plan.variants)
+                self._slots[name] = kept.get(name) or Slot(patch, record, plan.variants)
+            self._slots.update((name, slot) for name, slot in kept.items() if name not in self._slots)
             wanted = dict.fromkeys(t.module for slot in self._slots.values() for t in slot.variants)
         logger.info("engine active (%s); device %s", self.reason, self.device)
         for name, plan in plans.items():
-            self.set_state(self._slots[name].record, plan.state, plan.reason)
+            if name not in kept:
+                self.set_state(self._slots[name].record, plan.state, plan.reason)
         self._hooks.register(wanted)
         if config.strict and loaded.errors:
             name, error, exc = loaded.errors[0]
@@ -257,7 +264,7 @@ class Engine:
         """A target module finished executing outside wrapt's view (the package whose import
         activated the engine): apply its pending patches now. Raises only in strict mode."""
         self._hooks.loaded(module.__name__)
-        self._on_import(module)
+        self._hooks.notify(module)
 
     def module_failed(self, module: ModuleType) -> None:
         """A target module deferred at hook registration raised while executing (its import
@@ -315,10 +322,8 @@ class Engine:
             self.warnings += found
 
     def _flush_warnings(self) -> None:
-        if self.warnings:
-            logger = _logging.logger()
-            for text in dict.fromkeys(self.warnings):
-                logger.warning("%s", text)
+        for text in dict.fromkeys(self.warnings):
+            _logging.logger().warning("%s", text)
 
     # ----------------------------------------------------------------- public helpers
     def report(self) -> Report:
@@ -331,13 +336,11 @@ class Engine:
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
     def verify(self) -> None:
-        """Re-check every applied (or displaced) patch against the live attribute (see
-        :meth:`~._installed.Installed.verify`). Never raises."""
+        """Re-check every applied (or displaced) patch (:meth:`~._installed.Installed.verify`)."""
         self._installed.verify()
 
     def revert(self, name: str | None = None) -> list[str]:
-        """Undo applied patches (all, one by name, or a group); returns the names reverted.
-        A patch another owner displaced is left alone (see :meth:`~._installed.Installed.revert`)."""
+        """Undo applied patches (all, one by name, or a group; :meth:`~._installed.Installed.revert`)."""
         return self._installed.revert(name)
 
     # ----------------------------------------------------------------- hand-over (``HandOver``)
@@ -356,10 +359,11 @@ class Engine:
 
 
 # --------------------------------------------------------------------- process-wide engine
-#: The process's engine; an ``importlib.reload`` of this module keeps it, records and all. It
-#: alone has the process's start-up observer guard imports while it activates (the composition
-#: root: no other engine code names the start-up module).
-_ENGINE: Engine = globals().get("_ENGINE") or Engine(observer=OBSERVER)
+#: The process's engine, kept on its observer (kept by ``sys``: ``_startup.ANCHOR``), so a reload or
+#: a fresh copy of this module (``mock.patch.dict(sys.modules)``) has the same one, records and all.
+#: It alone has the process's observer guard imports while it activates (the composition root).
+_ENGINE: Engine = OBSERVER.engine or Engine(observer=OBSERVER)
+OBSERVER.engine = _ENGINE
 
 
 def engine() -> Engine:

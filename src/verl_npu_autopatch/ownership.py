@@ -6,7 +6,8 @@ the target is only reached through, ``Patch.via``) holds, the record becomes ``y
 of the patch's ``yields_to`` detectors recognises the new owner, else ``superseded`` naming it
 (``module.qualname``), or ``superseded: module reloaded`` when the module was re-executed or
 replaced in ``sys.modules``. :class:`ReloadWatcher` sees ``importlib.reload`` of a patched module
-(wrapt's post-import hooks fire once per name) so the engine can apply the fix again.
+and fresh imports of a patched module's name (wrapt's post-import hooks fire once per name) so the
+engine can apply the fix again.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "enclosing_owner",
     "installation",
     "is_ours",
+    "live_module",
     "lookup",
     "missing",
     "reached_through_target",
@@ -294,13 +296,15 @@ def is_ours(value: Any) -> bool:
 
 
 class _ReexecLoader:
-    """Wraps a module's loader for one ``importlib.reload``: runs it, restores the module's own
-    loader, then calls back (so the engine can apply the fix again)."""
+    """Wraps a module's loader for one re-execution (``importlib.reload``, or a fresh import of a
+    name whose earlier module was patched): runs it, restores the module's own loader, then calls
+    back with what ``sys.modules`` holds now (so the engine can apply the fix again)."""
 
-    def __init__(self, loader: Any, spec: Any, callback: Callable[[ModuleType], None]) -> None:
+    def __init__(self, loader: Any, spec: Any, callback: Callable[[ModuleType, str], None], how: str) -> None:
         self._loader = loader
         self._spec = spec
         self._callback = callback
+        self._how = how
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
@@ -316,26 +320,37 @@ class _ReexecLoader:
             if getattr(module, "__loader__", None) is self:
                 module.__loader__ = self._loader
         try:
-            self._callback(module)
-        except Exception:  # never break the user's reload; verify() then says "module reloaded"
+            self._callback(live_module(module), self._how)
+        except Exception:  # never break the user's import; verify() then says "module reloaded"
             pass
 
 
+def live_module(module: ModuleType) -> ModuleType:
+    """What importers of ``module``'s name get: ``sys.modules`` holds another object when the module
+    replaced itself there while executing (the lazy-module idiom of transformers)."""
+    live = sys.modules.get(module.__name__)
+    return module if live is None else live
+
+
 class ReloadWatcher:
-    """A ``sys.meta_path`` finder that answers only ``importlib.reload`` (``find_spec`` with a
-    ``target``) of modules ``wanted`` names, wrapping the real loader found by the finders after
-    it. Every other lookup returns ``None`` at once."""
+    """A ``sys.meta_path`` finder that answers only a re-execution of a module whose fix went in:
+    ``importlib.reload`` (``find_spec`` with a ``target``) or a fresh import of its name (the
+    module was deleted from ``sys.modules``: test-isolation fixtures, hot-reload tools). It wraps
+    the real loader found by the finders after it; wrapt's post-import hooks fire once per name.
+    Every other lookup costs one set lookup (:attr:`names`, the modules ever patched) and returns
+    ``None``."""
 
     verl_npu_autopatch_reload_watcher = True
 
-    def __init__(self, wanted: Callable[[str], bool], callback: Callable[[ModuleType], None]) -> None:
+    def __init__(self, wanted: Callable[[str], bool], callback: Callable[[ModuleType, str], None]) -> None:
         self._wanted = wanted
         self._callback = callback
         self._busy: set[str] = set()
         self._lock = threading.Lock()
+        self.names: set[str] = set()  # the modules a fix went in on (a superset of those watched now)
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if target is None or name in self._busy:
+        if name not in self.names or name in self._busy:
             return None
         try:
             if not self._wanted(name):
@@ -349,9 +364,10 @@ class ReloadWatcher:
                     self._busy.discard(name)
             if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
                 return None
-            spec.loader = _ReexecLoader(spec.loader, spec, self._callback)
+            how = "a fresh import (it had left sys.modules)" if target is None else "importlib.reload"
+            spec.loader = _ReexecLoader(spec.loader, spec, self._callback, how)
             return spec
-        except Exception:  # never break the user's reload
+        except Exception:  # never break the user's import
             return None
 
     def _find_after_self(self, name: str, path: Any, target: Any) -> Any:
@@ -366,7 +382,8 @@ class ReloadWatcher:
                 return spec
         return None
 
-    def put_first(self) -> None:
-        """Put the watcher first on ``sys.meta_path`` (once)."""
+    def put_first(self, name: str) -> None:
+        """Watch module ``name``; put the watcher first on ``sys.meta_path`` (once)."""
+        self.names.add(name)
         if self not in sys.meta_path:
             sys.meta_path.insert(0, self)

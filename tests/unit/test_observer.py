@@ -79,8 +79,9 @@ def test_the_observer_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert observer.mode == "retired" and not observer.installed()
     observer.observe_again(hooked=False)  # an abandoned activation without the start-up hook
     assert observer.mode == "placeholder" and not observer.installed()
-    observer.observe_again(hooked=True)
-    assert observer.mode == "observing" and observer.installed()
+    observer.observe_again(hooked=True)  # resuming: a watched package's module activates too
+    assert observer.mode == "resuming" and observer.installed()
+    assert observer.find_spec("json") is None
     observer.fall_inert("transformers")
     assert (observer.mode, observer.woken_inert, observer.installed()) == ("retired", "transformers", False)
 

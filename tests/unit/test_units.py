@@ -3,10 +3,7 @@ private engines on throw-away modules, and the undo rules of ``patching``."""
 
 from __future__ import annotations
 
-import itertools
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,18 +12,6 @@ from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.handover import HandOver
 from verl_npu_autopatch.patching import mark, set_attribute
 from verl_npu_autopatch.spec import Patch, Target
-
-_counter = itertools.count()
-
-
-@pytest.fixture
-def module_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh importable module ``unit_target_N`` with ``class Box: def value(self): return 1``."""
-    name = f"unit_target_{next(_counter)}"
-    (tmp_path / f"{name}.py").write_text("class Box:\n    def value(self):\n        return 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
 
 
 def plus_one_patch(module: str, **kwargs) -> Patch:

@@ -1,0 +1,88 @@
+"""In-process checks of round 4 (issue 31): a private engine's target deleted from ``sys.modules``
+and imported again, or replaced in ``sys.modules`` while importing; an interrupted fix; and the
+CLI's ``--timeout`` values and first-screen log (the child-interpreter trials are in
+``tests/reliability``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import pytest
+
+from tests.unit.test_units import plus_one_patch
+from verl_npu_autopatch._config import Config
+from verl_npu_autopatch.cli import seconds
+from verl_npu_autopatch.doctor import LOG_LINES, first_screen
+from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.spec import Patch
+
+
+def test_a_target_imported_afresh_is_patched_again(module_name: str) -> None:
+    engine = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    engine.activate("unit")
+    old = importlib.import_module(module_name)
+    del sys.modules[module_name]
+    fresh = importlib.import_module(module_name)
+    record = engine.report()["unit.plus_one"]
+    assert fresh is not old and (fresh.Box().value(), old.Box().value()) == (2, 2)
+    assert (record.state, record.reason) == (
+        "applied",
+        "fix installed; again after a fresh import (it had left sys.modules)",
+    )
+    assert engine.revert() == ["unit.plus_one"] and (fresh.Box().value(), old.Box().value()) == (1, 1)
+
+
+def test_a_target_replacing_itself_in_sys_modules_is_patched_where_importers_look(module_name: str, tmp_path) -> None:
+    source = tmp_path / f"{module_name}.py"
+    source.write_text(
+        source.read_text() + "import sys, types\n_new = types.ModuleType(__name__)\n_new.Box = Box\n"
+        "_new.__spec__ = __spec__\nsys.modules[__name__] = _new\n"
+    )
+    engine = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    engine.activate("unit")
+    module = importlib.import_module(module_name)
+    assert type(module).__name__ == "module" and module.Box().value() == 2
+    assert engine.report()["unit.plus_one"].state == "applied"
+    assert engine.revert() == ["unit.plus_one"] and module.Box().value() == 1
+
+
+def test_an_interrupted_fix_hooks_the_retried_import(module_name: str) -> None:
+    calls = []
+    patch = plus_one_patch(module_name)
+    fix = patch.fix
+
+    def interrupted_once(site):
+        calls.append(site)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return fix(site)
+
+    engine = Engine(
+        [Patch(patch.name, patch.summary, patch.targets, interrupted_once, device="any")], Config(device="npu")
+    )
+    engine.activate("unit")
+    with pytest.raises(KeyboardInterrupt):
+        importlib.import_module(module_name)
+    assert module_name not in sys.modules
+    assert importlib.import_module(module_name).Box().value() == 2
+    assert engine.report()["unit.plus_one"].state == "applied"
+
+
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan", "0", "-1", "soon", ""])
+def test_timeout_must_be_a_positive_finite_number(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a positive number of seconds"):
+        seconds(text)
+
+
+def test_timeout_values_accepted() -> None:
+    assert (seconds("0.5"), seconds("600"), seconds("1e3")) == (0.5, 600.0, 1000.0)
+
+
+def test_the_doctor_log_fits_the_first_screen() -> None:
+    log = "".join(f"line {i} " + "x" * (200 if i == 3 else 0) + "\n" for i in range(50))
+    short = first_screen(log, full=False).splitlines()
+    assert len(short) == LOG_LINES + 1 and all(len(line) <= 120 for line in short)
+    assert short[-1] == "... (30 more lines; the whole log: verl-npu-autopatch doctor --all)"
+    assert first_screen(log, full=True) == log and first_screen("a\nb\n", full=False) == "a\nb\n"
