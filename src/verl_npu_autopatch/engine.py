@@ -1,17 +1,16 @@
 """The engine's life cycle: activation, hook registration, applying each patch as its target is
 imported, and the in-process records (``report``, ``revert``).
 
-Its other jobs live in private modules: target resolution (``_resolution``), the per-patch
-decision pipeline (``_pipeline``, a function of its inputs), one slot per patch (``_slots``),
-and logging (``_logging``); two are objects the engine holds: its post-import hooks
-(``_hooks.Hooks``) and what was installed, its verification, hand-over and revert
-(``_installed.Installed``, which sees the engine through its narrow ``Host`` interface).
+Its other jobs live in private modules: target resolution (``_resolution``), the per-patch decision pipeline
+(``_pipeline``, a function of its inputs), one slot per patch (``_slots``), logging (``_logging``) and the report
+file (``_report_file``); two are objects the engine holds: its post-import hooks (``_hooks.Hooks``) and what was
+installed, its verification, hand-over and revert (``_installed.Installed``, which sees the engine through its
+narrow ``Host`` interface).
 
-The start-up module usually decides "inactive" on a host without the NPU stack before this
-module is ever imported. When it is imported there anyway (``report()``, ``activate()``, the vLLM
-plugin), :func:`activate` still decides that from the configuration alone, without importing
-wrapt, ``logging``, ``importlib.metadata`` or ``dataclasses``; everything heavier is imported on
-the active path only.
+The start-up module usually decides "inactive" on a host without the NPU stack before this module is ever imported.
+When it is imported there anyway (``report()``, ``activate()``, the vLLM plugin), :func:`activate` still decides
+that from the configuration alone, without importing wrapt, ``logging``, ``importlib.metadata`` or ``dataclasses``;
+everything heavier is imported on the active path only.
 """
 
 from __future__ import annotations
@@ -54,11 +53,10 @@ class PatchError(RuntimeError):
 class Engine:
     """Owns one process's patch records. ``activate`` runs once; the rest is driven by imports.
 
-    ``catalogue`` and ``config`` default to the built-in catalogue (plus entry points) and the
-    environment; tests pass their own. ``observer`` is the process's start-up observer, given to
-    the process-wide engine alone (by default a ``_observer.NullObserver``). Each patch has one
-    :class:`~._slots.Slot`; the engine itself passes as ``site.engine``, the
-    :class:`~verl_npu_autopatch.handover.HandOver` of patch families that arbitrate with other
+    ``catalogue`` and ``config`` default to the built-in catalogue (plus entry points) and the environment; tests
+    pass their own. ``observer`` is the process's start-up observer, given to the process-wide engine alone (by
+    default a ``_observer.NullObserver``). Each patch has one :class:`~._slots.Slot`; the engine itself passes as
+    ``site.engine``, the :class:`~verl_npu_autopatch.handover.HandOver` of patch families that arbitrate with other
     patches (it forwards those calls to its :class:`~._installed.Installed`).
     """
 
@@ -81,6 +79,7 @@ class Engine:
         self._activator = 0
         self._observed = False  # the start-up hook was on sys.meta_path when activation began
         self._checked_names = False
+        self.on_change: Callable[[], None] | None = None  # refreshes the report file, if there is one
 
     @property
     def observer(self) -> Observer:
@@ -119,14 +118,12 @@ class Engine:
     def activate(self, trigger: str = "api") -> None:
         """Decide whether to act in this process and, if so, register every patch's hooks.
 
-        Runs once; a concurrent call waits until the first is done, later calls return at once.
-        While it runs, the process-wide engine has the start-up observer guard imports (see
-        ``_activation.guard``), so a target imported meanwhile by another thread waits and
-        is patched before its import completes. Never raises, except ``PatchError`` in strict
-        mode. Never called with the interpreter's import lock held (the start-up observer
-        activates from its loader, not from ``find_spec``). Interrupted (``KeyboardInterrupt``,
-        ``SystemExit``), it goes back to not activated and re-raises: a later watched import or
-        call activates again.
+        Runs once; a concurrent call waits until the first is done, later calls return at once. While it runs, the
+        process-wide engine has the start-up observer guard imports (see ``_activation.guard``), so a target
+        imported meanwhile by another thread waits and is patched before its import completes. Never raises, except
+        ``PatchError`` in strict mode. Never called with the interpreter's import lock held (the start-up observer
+        activates from its loader, not from ``find_spec``). Interrupted (``KeyboardInterrupt``, ``SystemExit``), it
+        goes back to not activated and re-raises: a later watched import or call activates again.
         """
         if not self._enter():
             return
@@ -161,6 +158,10 @@ class Engine:
                     raise PatchError(f"verl-npu-autopatch {self.reason} (strict mode)") from exc
             finally:
                 observer.retire()
+            if config.report_dir:  # VERL_NPU_AUTOPATCH_REPORT_DIR: imported only when asked for
+                from verl_npu_autopatch._report_file import attach
+
+                attach(self, config.report_dir)
         except BaseException as exc:
             if not isinstance(exc, Exception):  # Ctrl-C during a slow first import: activate again later
                 self._abandon()
@@ -287,6 +288,8 @@ class Engine:
         with self._lock:
             record.state, record.reason = state, reason
         _logging.logger().log(_logging.level_of(state), "%s: %s (%s)", record.name, state, reason, exc_info=exc)
+        if self.on_change is not None:
+            self.on_change()
 
     def _entry_point_record(self, name: str, state: RecordState, reason: str, exc: BaseException | None = None) -> None:
         """The record of an entry point that failed to load or was skipped."""
