@@ -59,11 +59,8 @@ def render(data: dict[str, Any], full: bool = False, stale: bool = False) -> str
     uniform = Counter(state for state in data["uniform"].values() if state != "pending")
     pending = len(data["uniform"]) - sum(uniform.values())
     alike = ", ".join(f"{n:,} {state}" for state, n in uniform.most_common())
-    undecided = f"; {pending:,} pending everywhere (target not imported)" if pending else ""
-    _add(
-        lines,
-        f"uniform: {sum(uniform.values()):,} patches alike in every process that decided them: {alike}{undecided}",
-    )
+    undecided = f"; {pending:,} pending everywhere" if pending else ""
+    _add(lines, f"uniform: {sum(uniform.values()):,} patches alike everywhere ({alike}){undecided}")
     if data["differing"]:
         lines += ["", f"DIFFERING: {len(data['differing']):,} patches"]
         for item in data["differing"]:
