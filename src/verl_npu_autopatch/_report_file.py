@@ -21,9 +21,23 @@ from verl_npu_autopatch._version import __version__
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Callable
+    from typing import Any, Protocol
 
-    from verl_npu_autopatch.engine import Engine
+    from verl_npu_autopatch.records import Record
+
+    class Engine(Protocol):
+        """What the report file reads of the engine (and the refresh it installs there)."""
+
+        status: str
+        reason: str
+        trigger: str
+        device: str
+        warnings: list[str]
+        on_change: Callable[[], None] | None
+
+        @property
+        def records(self) -> dict[str, Record]: ...
 
 __all__ = ["FORMAT", "ReportFile", "attach", "file_name", "identity", "start_time"]
 

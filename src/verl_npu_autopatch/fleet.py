@@ -96,7 +96,7 @@ def _running(pid: int) -> bool:
     """Without /proc: whether ``pid`` exists."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except ProcessLookupError:  # no such process: gone
         return False
     except OSError:  # e.g. EPERM: it exists, owned by someone else
         return True
