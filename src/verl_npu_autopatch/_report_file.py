@@ -29,15 +29,21 @@ if TYPE_CHECKING:
     class Engine(Protocol):
         """What the report file reads of the engine (and the refresh it installs there)."""
 
-        status: str
-        reason: str
-        trigger: str
-        device: str
-        warnings: list[str]
         on_change: Callable[[], None] | None
 
         @property
+        def status(self) -> str: ...
+        @property
+        def reason(self) -> str: ...
+        @property
+        def trigger(self) -> str: ...
+        @property
+        def device(self) -> str: ...
+        @property
+        def warnings(self) -> list[str]: ...
+        @property
         def records(self) -> dict[str, Record]: ...
+
 
 __all__ = ["FORMAT", "ReportFile", "attach", "file_name", "identity", "start_time"]
 
