@@ -32,9 +32,16 @@ def _make_reader(directories: list[str], stale_after: float) -> Callable[[], dic
     return read
 
 
-def gather(address: str, directories: list[str], stale_after: float, timeout: float | None = None) -> dict[str, Any]:
+def gather(
+    address: str,
+    directories: list[str],
+    stale_after: float,
+    timeout: float | None = None,
+    runtime_env: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """``fleet.read_directories``'s answer over every alive node of the cluster at ``address``
-    (``{"error"}`` if Ray cannot be used); a node that cannot answer is listed as unreadable."""
+    (``{"error"}`` if Ray cannot be used), the readers in ``runtime_env`` (e.g. the package's wheel
+    where a node's image lacks it); a node that cannot answer is listed as unreadable."""
     try:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -47,11 +54,14 @@ def gather(address: str, directories: list[str], stale_after: float, timeout: fl
         if started:
             import logging  # ray imported it already
 
-            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.ERROR)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         remote = ray.remote(num_cpus=0, max_calls=1, max_retries=0)(_make_reader(directories, stale_after))
+        options = {"runtime_env": runtime_env} if runtime_env and not started else {}  # else: the job's already
         refs = [
-            remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            remote.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False), **options
+            ).remote()
             for n in nodes
         ]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout or TIMEOUT_S)

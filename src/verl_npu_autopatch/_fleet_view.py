@@ -131,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ray", nargs="?", const="auto", metavar="ADDRESS", help="read DIR on every alive node of a Ray cluster"
     )
+    parser.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the readers run in")
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="with --ray: how long to wait for the nodes")
 
 
@@ -143,7 +144,12 @@ def main(args: argparse.Namespace) -> int:
     if args.ray is not None:
         from verl_npu_autopatch import _fleet_ray
 
-        read = _fleet_ray.gather(args.ray, args.directories, stale_after, args.timeout)
+        try:
+            runtime_env = json.loads(args.runtime_env) if args.runtime_env else None
+        except json.JSONDecodeError as exc:
+            print(f"fleet: --runtime-env is not valid JSON: {exc}")
+            return NOTHING
+        read = _fleet_ray.gather(args.ray, args.directories, stale_after, args.timeout, runtime_env)
         sources = [f"{d} on every node of the Ray cluster at {args.ray}" for d in args.directories]
     else:
         read, sources = read_directories(args.directories, stale_after), list(args.directories)
