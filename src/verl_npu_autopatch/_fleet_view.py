@@ -153,6 +153,8 @@ def main(args: argparse.Namespace) -> int:
         sources = [f"{d} on every node of the Ray cluster at {args.ray}" for d in args.directories]
     else:
         read, sources = read_directories(args.directories, stale_after), list(args.directories)
-    data = {"error": read["error"]} if read.get("error") else view(read, sources)
-    print(json.dumps(data, indent=2) if args.json else render(data, full=args.all, stale=args.stale))
+    data = {"error": read["error"]} if read.get("error") else view(read, sources, args.json, args.json or args.all)
+    print(
+        json.dumps(data) if args.json else render(data, full=args.all, stale=args.stale)
+    )  # one line: 100 MB for 10,000
     return exit_code(data)

@@ -201,17 +201,21 @@ def matrix(processes: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, int
 
 
 # --------------------------------------------------------------------------- the whole view
-def view(read: dict[str, Any], sources: list[str]) -> dict[str, Any]:
-    """``fleet --json``: the processes, the comparison and where they came from."""
+def view(read: dict[str, Any], sources: list[str], entries: bool = True, with_matrix: bool = True) -> dict[str, Any]:
+    """``fleet --json``: the processes, the comparison and where they came from. Without
+    ``entries`` the processes stay as read (what the text needs, and much faster over thousands);
+    without ``with_matrix`` there is no ``matrix``."""
     processes = read["processes"]
-    return {
+    data = {
         "sources": sources,
-        "processes": [_entry(p) for p in processes],
+        "processes": [_entry(p) for p in processes] if entries else processes,
         **compare(processes),
-        "stale": [_entry(p) for p in read["stale"]],
+        "stale": [_entry(p) for p in read["stale"]] if entries else read["stale"],
         "unreadable": read["unreadable"],
-        "matrix": matrix(processes),
     }
+    if with_matrix:
+        data["matrix"] = matrix(processes)
+    return data
 
 
 def _entry(process: dict[str, Any]) -> dict[str, Any]:
