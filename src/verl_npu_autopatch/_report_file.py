@@ -32,6 +32,8 @@ if TYPE_CHECKING:
         on_change: Callable[[], None] | None
 
         @property
+        def lock(self) -> Any: ...
+        @property
         def status(self) -> str: ...
         @property
         def reason(self) -> str: ...
@@ -114,45 +116,58 @@ class ReportFile:
     def __init__(self, engine: Engine, directory: str) -> None:
         self._engine = engine
         self._directory = os.path.abspath(directory)
-        self._lock = _thread.allocate_lock()
+        self._lock = _thread.allocate_lock()  # over the file; never held while waiting for the engine's lock
         self._pid = os.getpid()  # the process the identity below is of (a forked child writes its own file)
         self._identity = identity()
-        self._written: object = None  # the decisions last written
+        self._taken = 0  # snapshots taken (under the engine's lock, so in the order of the decisions)
+        self._written: tuple[int, object] = (0, None)  # the last snapshot written and its decisions
         self._warned = False
 
     def changed(self) -> None:
-        """Write the report if a decision changed since the last write. Never raises."""
+        """Write the report if a decision changed since the last write. Never raises.
+
+        The snapshot is taken under the engine's lock, the file written under this object's own,
+        never the other way round (a decision is recorded with the engine's lock held); a
+        snapshot older than the one last written is dropped, so the file never goes back."""
         if self._pid != os.getpid():  # a forked child: its own file, a lock of its own
             self._lock, self._pid, self._identity = _thread.allocate_lock(), os.getpid(), identity()
-            self._written = None
-        with self._lock:
-            try:
-                self._write()
-            except Exception as exc:  # unwritable, full or removed directory: patching goes on
-                self._warn(exc)
+            self._written = (0, None)
+        try:
+            taken, decisions, data = self._snapshot()
+            with self._lock:
+                if taken > self._written[0] and decisions != self._written[1]:
+                    self._write(data)
+                    self._written = (taken, decisions)
+        except Exception as exc:  # unwritable, full or removed directory: patching goes on
+            self._warn(exc)
 
-    def _write(self) -> None:
+    def _snapshot(self) -> tuple[int, object, dict[str, Any]]:
+        """``(its number, the decisions, the file's content)``, read under the engine's lock."""
         engine = self._engine
-        records = list(engine.records.values())
-        decisions = (engine.status, engine.reason, [(r.name, r.state, r.reason) for r in records])
-        if decisions == self._written:
-            return
-        versions = {"verl-npu-autopatch": __version__, **{k: v for r in records for k, v in r.versions.items()}}
-        data = {
-            **self._identity,
-            **self._process(),
-            "format": FORMAT,
-            "written": time.time(),
-            "status": engine.status,
-            "reason": engine.reason,
-            "trigger": engine.trigger,
-            "device": engine.device,
-            "warnings": list(engine.warnings),
-            "versions": versions,
-            "records": [{"name": r.name, "state": r.state, "reason": r.reason} for r in records],
-        }
+        with engine.lock:
+            self._taken += 1
+            records = list(engine.records.values())
+            decisions = (engine.status, engine.reason, [(r.name, r.state, r.reason) for r in records])
+            versions = {"verl-npu-autopatch": __version__, **{k: v for r in records for k, v in r.versions.items()}}
+            data = {
+                **self._identity,
+                **self._process(),
+                "format": FORMAT,
+                "written": time.time(),
+                "status": engine.status,
+                "reason": engine.reason,
+                "trigger": engine.trigger,
+                "device": engine.device,
+                "warnings": list(engine.warnings),
+                "versions": versions,
+                "records": [{"name": r.name, "state": r.state, "reason": r.reason} for r in records],
+            }
+            return self._taken, decisions, data
+
+    def _write(self, data: dict[str, Any]) -> None:
+        """``data`` into the file, atomically: a temporary file in the directory, then moved."""
         name = file_name(self._identity)
-        if self._written is None and not os.path.isdir(self._directory):
+        if self._written[1] is None and not os.path.isdir(self._directory):
             os.makedirs(self._directory, exist_ok=True)  # the first write creates it; a later one never does
         temporary = os.path.join(self._directory, f".{name}.{_thread.get_ident()}.tmp")
         try:
@@ -165,7 +180,6 @@ class ReportFile:
             except OSError:  # never created, or the directory is gone: nothing to clean up
                 pass
             raise
-        self._written = decisions
 
     @staticmethod
     def _process() -> dict[str, Any]:

@@ -140,6 +140,31 @@ print(json.dumps([before, state()]))
     assert json.loads(out.stdout.splitlines()[-1]) == ["pending", "applied"]
 
 
+def test_threads_deciding_at_once_leave_the_last_decisions_in_the_file(base_python: Path, tmp_path: Path) -> None:
+    code = """
+import glob, json, os, threading
+import verl_npu_autopatch
+barrier = threading.Barrier(8)
+def work(i):
+    barrier.wait()
+    for _ in range(20):
+        if i % 4 == 0:
+            import vllm.model
+        elif i % 4 == 1:
+            import autopatch_target
+        elif i % 4 == 2:
+            verl_npu_autopatch.revert("fixture.early")  # a decision taken with the engine's lock held
+        verl_npu_autopatch.report()
+threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+[t.start() for t in threads]; [t.join() for t in threads]
+[path] = glob.glob(os.path.join(os.environ["VERL_NPU_AUTOPATCH_REPORT_DIR"], "*.json"))
+written = {r["name"]: r["state"] for r in json.load(open(path))["records"]}
+print(json.dumps([written == verl_npu_autopatch.report().states(), written["fixture.forward"]]))
+"""
+    env = {**NPU, "VERL_NPU_AUTOPATCH_REPORT_DIR": str(tmp_path), "AUTOPATCH_FIXTURE_SLOW": "1"}
+    assert json.loads(run(base_python, code, env=env, timeout=120).stdout.splitlines()[-1]) == [True, "applied"]
+
+
 def test_unwritable_or_vanished_directory_is_one_warning_and_patching_goes_on(
     base_python: Path, tmp_path: Path
 ) -> None:
