@@ -1,11 +1,11 @@
 """The engine's life cycle: activation, hook registration, applying each patch as its target is
 imported, and the in-process records (``report``, ``revert``).
 
-Its other jobs live in private modules: target resolution (``_resolution``), the per-patch decision pipeline
-(``_pipeline``, a function of its inputs), one slot per patch (``_slots``), logging (``_logging``) and the report
-file (``_report_file``); two are objects the engine holds: its post-import hooks (``_hooks.Hooks``) and what was
-installed, its verification, hand-over and revert (``_installed.Installed``, which sees the engine through its
-narrow ``Host`` interface).
+Its other jobs live in private modules: target resolution (``_resolution``), the per-patch
+decision pipeline (``_pipeline``, a function of its inputs), one slot per patch (``_slots``),
+and logging (``_logging``); two are objects the engine holds: its post-import hooks
+(``_hooks.Hooks``) and what was installed, its verification, hand-over and revert
+(``_installed.Installed``, which sees the engine through its narrow ``Host`` interface).
 
 The start-up module usually decides "inactive" on a host without the NPU stack before this module is ever imported.
 When it is imported there anyway (``report()``, ``activate()``, the vLLM plugin), :func:`activate` still decides
@@ -118,12 +118,14 @@ class Engine:
     def activate(self, trigger: str = "api") -> None:
         """Decide whether to act in this process and, if so, register every patch's hooks.
 
-        Runs once; a concurrent call waits until the first is done, later calls return at once. While it runs, the
-        process-wide engine has the start-up observer guard imports (see ``_activation.guard``), so a target
-        imported meanwhile by another thread waits and is patched before its import completes. Never raises, except
-        ``PatchError`` in strict mode. Never called with the interpreter's import lock held (the start-up observer
-        activates from its loader, not from ``find_spec``). Interrupted (``KeyboardInterrupt``, ``SystemExit``), it
-        goes back to not activated and re-raises: a later watched import or call activates again.
+        Runs once; a concurrent call waits until the first is done, later calls return at once.
+        While it runs, the process-wide engine has the start-up observer guard imports (see
+        ``_activation.guard``), so a target imported meanwhile by another thread waits and
+        is patched before its import completes. Never raises, except ``PatchError`` in strict
+        mode. Never called with the interpreter's import lock held (the start-up observer
+        activates from its loader, not from ``find_spec``). Interrupted (``KeyboardInterrupt``,
+        ``SystemExit``), it goes back to not activated and re-raises: a later watched import or
+        call activates again.
         """
         if not self._enter():
             return
@@ -277,9 +279,8 @@ class Engine:
         return self._installed.pending_modules()
 
     def settle(self, absent: Iterable[str] = ()) -> None:
-        """Conclude pending patches once every target that can be imported was (``doctor``):
-        ``absent`` names modules that do not exist here; a patch none of whose variants can be
-        found any more becomes ``unsupported``."""
+        """Conclude pending patches once every target that can be imported was (``doctor``): ``absent`` names
+        modules that do not exist here; a patch none of whose variants can be found any more becomes ``unsupported``."""
         self._installed.settle(absent, self._hooks.catch_up)
 
     # ----------------------------------------------------------------- records
