@@ -48,7 +48,8 @@ import verl_npu_autopatch
 verl_npu_autopatch.activate()
 import vllm.model, autopatch_target
 dt = time.perf_counter() - t + writer[0]  # the writer's import, taken out of the window above, put back
-print(json.dumps([dt, verl_npu_autopatch.report().status, "verl_npu_autopatch._report_file" in sys.modules, *writer]))
+loaded = "verl_npu_autopatch._report_file" in sys.modules
+print(json.dumps([dt, verl_npu_autopatch.report().status, loaded, "json" in sys.modules, *writer]))
 """
 
 REWRITE = """
@@ -112,31 +113,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="fleet runs per variant")
     parser.add_argument("--activation-rounds", type=int, default=60)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--activation-only", action="store_true", help="skip the fleet runs")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as temp:
-        made = fleet_dir(args.python, args.processes, Path(temp))
+        made = fleet_dir(args.python, 0 if args.activation_only else args.processes, Path(temp))
         files = Path(temp) / "fleet"
-        reading = interleave(
-            {
-                "fleet DIR": functools.partial(timed_fleet, args.python, files),
-                "fleet DIR --all": functools.partial(timed_fleet, args.python, files, "--all"),
-                "fleet DIR --json": functools.partial(timed_fleet, args.python, files, "--json"),
-                "python -c pass": lambda: timed_fleet_pass(args.python),
-            },
-            args.rounds,
+        reading = (
+            {}
+            if args.activation_only
+            else interleave(
+                {
+                    "fleet DIR": functools.partial(timed_fleet, args.python, files),
+                    "fleet DIR --all": functools.partial(timed_fleet, args.python, files, "--all"),
+                    "fleet DIR --json": functools.partial(timed_fleet, args.python, files, "--json"),
+                    "python -c pass": lambda: timed_fleet_pass(args.python),
+                },
+                args.rounds,
+            )
         )
         seen: set[str] = set()
-        inside: dict[str, list[float]] = {"time in the writer (import, attach, every rewrite)": []}
+        inside: dict[str, list[float]] = {"writer, all": [], "importing it (json with it)": [], "its refreshes": []}
 
         def child(report_dir: str | None) -> float:
             extra = {"VERL_NPU_AUTOPATCH_REPORT_DIR": report_dir} if report_dir else {}
             env = clean_env(PYTHONPATH=str(FIXTURE_SITE), VERL_NPU_AUTOPATCH_DEVICE="npu", **extra)
             out = spawn_timed([args.python, "-c", ACTIVATE], env, quiet=True)[2]
-            elapsed, status, loaded, importing, writing, writes = json.loads(out)
-            seen.add(f"REPORT_DIR {'set' if report_dir else 'unset'}: engine {status}, writer loaded: {loaded}")
+            elapsed, status, loaded, json_loaded, importing, writing, writes = json.loads(out)
+            seen.add(
+                f"REPORT_DIR {'set' if report_dir else 'unset'}: engine {status}, writer loaded: {loaded}, "
+                f"json loaded after activation: {json_loaded}"
+            )
             if report_dir:
                 seen.add(f"refreshes (the first at activation) per process: {writes}")
-                inside["time in the writer (import, attach, every rewrite)"].append(importing + writing)
+                for name, value in zip(inside, (importing + writing, importing, writing), strict=True):
+                    inside[name].append(value)
             return elapsed
 
         writes = Path(temp) / "writes"
@@ -152,13 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     report(
         "The fleet report: reading N process files, and the writer's cost at activation",
         {
-            f"fleet over {args.processes:,} process files, fresh processes (s)": summary(
-                reading, "python -c pass", "s", 1
+            **(
+                {}
+                if args.activation_only
+                else {
+                    f"fleet over {args.processes:,} process files, fresh processes (s)": summary(
+                        reading, "python -c pass", "s", 1
+                    )
+                }
             ),
             "activate() + import vllm.model + autopatch_target, fresh processes (ms)": summary(
                 activation, "REPORT_DIR unset", "ms", 1e3
             ),
-            "of which in the writer, REPORT_DIR set (ms)": summary(inside, next(iter(inside)), "ms", 1e3),
+            "of which in the writer, REPORT_DIR set (ms)": summary(inside, "writer, all", "ms", 1e3),
         },
         {
             "python": args.python,
