@@ -32,6 +32,7 @@ VARIABLES = {
     f"{PREFIX}_DEVICE": "auto (default) / npu / none",
     f"{PREFIX}_STRICT": "0 (default) / 1",
     f"{PREFIX}_LOG": "a logging level name: " + ", ".join(LOG_LEVELS),
+    f"{PREFIX}_REPORT_DIR": "a directory; each process that activates writes its report there (`fleet` reads them)",
     LEGACY_GLM52: "1 / true / yes turns on group glm52 (legacy verl switch)",
 }
 
@@ -39,7 +40,7 @@ VARIABLES = {
 class Config:
     """The parsed configuration plus the warnings parsing produced."""
 
-    __slots__ = ("device", "disable", "enable", "enabled", "log_level", "strict", "warnings")
+    __slots__ = ("device", "disable", "enable", "enabled", "log_level", "report_dir", "strict", "warnings")
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class Config:
         strict: bool = False,
         log_level: str | None = None,
         warnings: tuple[str, ...] = (),
+        report_dir: str = "",
     ) -> None:
         self.enabled = enabled
         self.enable = enable
@@ -59,6 +61,7 @@ class Config:
         self.strict = strict
         self.log_level = log_level
         self.warnings = warnings
+        self.report_dir = report_dir
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -68,6 +71,7 @@ class Config:
             "device": self.device,
             "strict": self.strict,
             "log_level": self.log_level,
+            "report_dir": self.report_dir or None,
             "warnings": list(self.warnings),
         }
 
@@ -151,4 +155,5 @@ def read_config(environ: "Mapping[str, str] | None" = None) -> Config:
         strict=strict,
         log_level=log_level,
         warnings=tuple(warnings),
+        report_dir=env.get(f"{PREFIX}_REPORT_DIR", "").strip(),
     )

@@ -1,4 +1,4 @@
-"""Command line: ``verl-npu-autopatch status | list | doctor`` (also ``python -m verl_npu_autopatch``).
+"""Command line: ``verl-npu-autopatch status | list | doctor | fleet`` (also ``python -m verl_npu_autopatch``).
 
 ``status`` and ``list`` are here; ``doctor`` runs through :mod:`verl_npu_autopatch.doctor` and
 ``doctor --ray`` through :mod:`verl_npu_autopatch.ray_doctor`, which never import this module (a
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_npu_autopatch import _environment, _gates, _summary, catalog
+from verl_npu_autopatch import _environment, _fleet_view, _gates, _summary, catalog
 from verl_npu_autopatch._config import VARIABLES, read_config
 from verl_npu_autopatch._startup import OBSERVER
 from verl_npu_autopatch._version import __version__
@@ -279,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how long the child may run (default {DOCTOR_TIMEOUT_S:g}; with --ray, the node probes: 900); "
         f"exit code {TIMED_OUT} when it runs out",
     )
+    fleet = sub.add_parser("fleet", help="what every live process of a job decided (VERL_NPU_AUTOPATCH_REPORT_DIR)")
+    _fleet_view.add_arguments(fleet)
     return parser
 
 
@@ -320,6 +322,8 @@ def _main(argv: list[str] | None) -> int:
         data = status_data(args.timeout)
         print(json.dumps(data, indent=2)) if args.json else print_status(data, full=args.all)
         return 0
+    if args.command == "fleet":
+        return _fleet_view.main(args)
     if args.command == "list":
         entries = catalogue_data()
         if args.json:

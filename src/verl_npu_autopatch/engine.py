@@ -1,16 +1,11 @@
 """The engine's life cycle: activation, hook registration, applying each patch as its target is
-imported, and the in-process records (``report``, ``revert``).
+imported, and the in-process records (``report``, ``revert``). Its other jobs: ``_resolution``
+(targets), ``_pipeline`` (one patch's decision), ``_slots``, ``_logging``, and the objects it holds,
+``_hooks.Hooks`` and ``_installed.Installed`` (what was installed: verification, hand-over, revert).
 
-Its other jobs live in private modules: target resolution (``_resolution``), the per-patch
-decision pipeline (``_pipeline``, a function of its inputs), one slot per patch (``_slots``),
-and logging (``_logging``); two are objects the engine holds: its post-import hooks
-(``_hooks.Hooks``) and what was installed, its verification, hand-over and revert
-(``_installed.Installed``, which sees the engine through its narrow ``Host`` interface).
-
-On a host without the NPU stack, the start-up module usually decides "inactive" before this module
-is imported; imported there anyway (``report()``, ``activate()``, the vLLM plugin), :func:`activate`
-decides it from the configuration alone, without wrapt, ``logging``, ``importlib.metadata`` or
-``dataclasses``; everything heavier is imported on the active path only.
+Imported on a host without the NPU stack (``report()``, ``activate()``, the vLLM plugin),
+:func:`activate` decides "inactive" from the configuration alone, without wrapt, ``logging``,
+``importlib.metadata`` or ``dataclasses``; everything heavier is imported on the active path only.
 """
 
 from __future__ import annotations
@@ -53,11 +48,10 @@ class PatchError(RuntimeError):
 class Engine:
     """Owns one process's patch records. ``activate`` runs once; the rest is driven by imports.
 
-    ``catalogue`` and ``config`` default to the built-in catalogue (plus entry points) and the
-    environment; tests pass their own. ``observer`` is the process's start-up observer, given to
-    the process-wide engine alone (by default a ``_observer.NullObserver``). Each patch has one
-    :class:`~._slots.Slot`; the engine itself passes as ``site.engine``, the
-    :class:`~verl_npu_autopatch.handover.HandOver` of patch families that arbitrate with other
+    ``catalogue`` and ``config`` default to the built-in catalogue (plus entry points) and the environment; tests
+    pass their own. ``observer`` is the process's start-up observer, given to the process-wide engine alone (by
+    default a ``_observer.NullObserver``). Each patch has one :class:`~._slots.Slot`; the engine itself passes as
+    ``site.engine``, the :class:`~verl_npu_autopatch.handover.HandOver` of patch families that arbitrate with other
     patches (it forwards those calls to its :class:`~._installed.Installed`).
     """
 
@@ -81,6 +75,7 @@ class Engine:
         self._observed = False  # the start-up hook was on sys.meta_path when activation began
         self._checked_names = False
         self._deep_failed = 1 << 30  # the stack depth an activation ran out of stack at
+        self.on_change: Callable[[], None] | None = None  # refreshes the report file, if there is one
 
     @property
     def observer(self) -> Observer:
@@ -164,6 +159,10 @@ class Engine:
                     raise PatchError(f"verl-npu-autopatch {self.reason} (strict mode)") from exc
             finally:
                 observer.retire()
+            if config.report_dir:  # VERL_NPU_AUTOPATCH_REPORT_DIR: imported only when asked for
+                from verl_npu_autopatch._report_file import attach
+
+                attach(self, config.report_dir)
         except RecursionError:  # a first import deep in the stack, which fits without us: retried shallower
             self._deep_failed = depth
             self._abandon(f"activation ran out of stack ({depth} frames deep); the next watched import activates")
@@ -283,9 +282,8 @@ class Engine:
         return self._installed.pending_modules()
 
     def settle(self, absent: Iterable[str] = ()) -> None:
-        """Conclude pending patches once every target that can be imported was (``doctor``):
-        ``absent`` names modules that do not exist here; a patch none of whose variants can be
-        found any more becomes ``unsupported``."""
+        """Conclude pending patches once every target that can be imported was (``doctor``): ``absent`` names
+        modules that do not exist here; a patch none of whose variants can be found any more becomes ``unsupported``."""
         self._installed.settle(absent, self._hooks.catch_up)
 
     # ----------------------------------------------------------------- records
@@ -294,6 +292,8 @@ class Engine:
         with self._lock:
             record.state, record.reason = state, reason
         _logging.logger().log(_logging.level_of(state), "%s: %s (%s)", record.name, state, reason, exc_info=exc)
+        if self.on_change is not None:
+            self.on_change()
 
     def _entry_point_record(self, name: str, state: RecordState, reason: str, exc: BaseException | None = None) -> None:
         """The record of an entry point that failed to load or was skipped."""
