@@ -8,8 +8,8 @@ from tests.support import upstream
 from verl_npu_autopatch import catalog
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
-    ascend_routed_experts_capture,
     ascend_glm52,
+    ascend_routed_experts_capture,
     vllm_engine_partial_wake_up,
 )
 

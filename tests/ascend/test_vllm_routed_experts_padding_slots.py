@@ -88,6 +88,8 @@ def test_installed_vllm_has_no_manager_any_more():
     from vllm.model_executor.layers.fused_moe import routed_experts_capturer
 
     assert not hasattr(routed_experts_capturer, "RoutedExpertsManager")
-    record = upstream.run_engine(vllm_routed_experts_padding_slots.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="router_replay").report()[STATE]
+    record = upstream.run_engine(
+        vllm_routed_experts_padding_slots.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="router_replay"
+    ).report()[STATE]
     assert record.state == "unsupported"
     assert "RoutedExpertsManager" in record.reason

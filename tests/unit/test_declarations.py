@@ -109,7 +109,9 @@ def test_a_static_rule_names_relative_python_files(reads: tuple[str, ...]) -> No
 def test_ascend_capture_declares_its_trigger_and_marks_what_it_installs() -> None:
     (patch,) = ascend_routed_experts_capture.PATCHES
     assert [str(t) for t in patch.triggers] == [f"{ascend_routed_experts_capture.WORKER}:__file__"]
-    assert [str(t) for t in patch.targets] == [f"{ascend_routed_experts_capture.CAPTURER}:RoutedExpertsCapturer.capture"]
+    assert [str(t) for t in patch.targets] == [
+        f"{ascend_routed_experts_capture.CAPTURER}:RoutedExpertsCapturer.capture"
+    ]
     capturer = type("RoutedExpertsCapturer", (), {"capture": lambda self, layer_id, topk_ids: None})
     installed = lambda self, layer_id, topk_ids: "vllm-ascend's"  # noqa: E731
     fake = {

@@ -126,14 +126,21 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     # ascend.routed_experts_capture
     "capture: conditional import": (
-        lambda: ascend_routed_experts_capture.capture_rule(CAPTURE, f"if not main2main:\n    import {ascend_routed_experts_capture.CAPTURE}\n"),
+        lambda: ascend_routed_experts_capture.capture_rule(
+            CAPTURE, f"if not main2main:\n    import {ascend_routed_experts_capture.CAPTURE}\n"
+        ),
         "apply",
     ),
     "capture: unconditional import": (
-        lambda: ascend_routed_experts_capture.capture_rule(CAPTURE, f"import {ascend_routed_experts_capture.CAPTURE}\n"),
+        lambda: ascend_routed_experts_capture.capture_rule(
+            CAPTURE, f"import {ascend_routed_experts_capture.CAPTURE}\n"
+        ),
         "fixed-upstream",
     ),
-    "capture: already imported": (lambda: ascend_routed_experts_capture.capture_rule(CAPTURE, None, True), "fixed-upstream"),
+    "capture: already imported": (
+        lambda: ascend_routed_experts_capture.capture_rule(CAPTURE, None, True),
+        "fixed-upstream",
+    ),
     "capture: no module": (lambda: ascend_routed_experts_capture.capture_rule(None, None), "unsupported"),
     # ascend.rms_norm_residual, ascend.sfa_keep_kv_b_proj, ascend.sfa_indexer_scale (glm52_rules)
     "rms_norm: fused add": (
