@@ -77,7 +77,7 @@ def run(
             yielded = f"target owned by {owner}" if owner else ownership.enclosing_owner(patch, site)
             if yielded:
                 return Outcome("yielded", yielded, target, rejected=rejected)
-            if marked_by(site.value) == patch.name:
+            if marked_by(site.value) == patch.name or ownership.fixed_through_trigger(patch):
                 return Outcome("applied", f"already in place ({describe(site.value)})", target, site, None, rejected)
             stage = "check"
             verdict = patch.check(site) if patch.check is not None else None

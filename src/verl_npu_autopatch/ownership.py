@@ -130,10 +130,11 @@ def site_value(module: ModuleType, path: str) -> Any:
 
 
 def declared_values(patch: Patch) -> dict[str, Any]:
-    """Each further site ``patch`` declares (``secondary``, and ``computed`` from the live module)
-    -> its raw live value, keyed ``module:path``; a site whose module is not imported is left out."""
+    """Each further site ``patch`` declares (``secondary``, the targets of a patch hooked on its
+    ``triggers``, and ``computed`` from the live module) -> its raw live value, keyed
+    ``module:path``; a site whose module is not imported is left out."""
     values = {}
-    for target in patch.secondary:
+    for target in (*patch.secondary, *(patch.targets if patch.triggers else ())):
         module = sys.modules.get(target.module)
         if module is not None:
             values[str(target)] = site_value(module, target.qualname)
@@ -259,6 +260,16 @@ def _displaced_site(
                 return "yielded", f"target owned by {other} (also changes {where})"
         return "superseded", f"also changes {where}, now {origin(value)}"
     return None
+
+
+def fixed_through_trigger(patch: Patch) -> bool:
+    """A patch hooked on a trigger whose every target already holds its fix (decided again after
+    the trigger module was executed anew): the fix is in place."""
+    if not patch.triggers:
+        return False
+    targets = {str(t) for t in patch.targets}
+    values = [v for where, v in declared_values(patch).items() if where in targets]
+    return len(values) == len(targets) and all(marked_by(v) == patch.name for v in values)
 
 
 def enclosing_owner(patch: Patch, site: Site) -> str | None:

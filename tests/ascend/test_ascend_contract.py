@@ -11,10 +11,22 @@ from typing import Any
 import pytest
 
 from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_routed_experts_capture import release  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
 from tests.ascend.test_verl_ascend_coexistence import glm  # noqa: F401  (fixture)
 from tests.ascend.test_vllm_engine_partial_wake_up import core_023  # noqa: F401  (fixture)
+from tests.ascend.test_vllm_routed_experts_padding_slots import capturer  # noqa: F401  (fixture)
 from tests.support import contract
-from verl_npu_autopatch.patches import ascend_camem_sleep_sync, ascend_glm52, vllm_engine_partial_wake_up
+from verl_npu_autopatch.patches import (
+    ascend_camem_sleep_sync,
+    ascend_gate_fp32_in_place,
+    ascend_glm52,
+    ascend_routed_experts_capture,
+    ascend_sampler_record_stream,
+    vllm_engine_partial_wake_up,
+    vllm_routed_experts_padding_slots,
+)
 
 
 def _applied(patches: list[Any]) -> dict[str, set[str]]:
@@ -41,3 +53,29 @@ def test_glm52_on_vllm_ascend_0_23(glm: types.SimpleNamespace, patch: Any) -> No
     changed = _applied([patch])[patch.name]
     declared = {str(t) for t in (*patch.targets, *patch.secondary)}
     assert changed and changed <= declared, changed
+
+
+@pytest.mark.parametrize("sampler", ["0.23.0", "0.25.1rc1"], indirect=True)
+def test_sampler_record_stream(sampler: types.ModuleType) -> None:  # noqa: F811
+    assert _applied(ascend_sampler_record_stream.PATCHES) == {
+        "ascend.sampler_record_stream": {f"{ascend_sampler_record_stream.SAMPLER}:random_sample"}
+    }
+
+
+@pytest.mark.parametrize("linear", ["0.23.0", "0.27.1rc1"], indirect=True)
+def test_gate_fp32_in_place(linear: types.ModuleType) -> None:  # noqa: F811
+    method = f"{linear.__name__}:AscendUnquantizedLinearMethod.process_weights_after_loading"
+    assert _applied(ascend_gate_fp32_in_place.PATCHES) == {"ascend.gate_fp32_in_place": {method}}
+
+
+@pytest.mark.parametrize("capturer", ["0.23.0", "0.30.0rc2"], indirect=True)
+def test_routed_experts_padding_slots(capturer: types.ModuleType) -> None:  # noqa: F811
+    assert _applied(vllm_routed_experts_padding_slots.PATCHES) == {
+        "vllm.routed_experts_padding_slots": {f"{capturer.__name__}:RoutedExpertsManager.store_batch"}
+    }
+
+
+@pytest.mark.parametrize("release", ["0.23.0"], indirect=True)
+def test_routed_experts_capture(release: object) -> None:  # noqa: F811
+    target = f"{ascend_routed_experts_capture.CAPTURER}:RoutedExpertsCapturer.capture"
+    assert _applied(ascend_routed_experts_capture.PATCHES) == {"ascend.routed_experts_capture": {target}}

@@ -59,7 +59,9 @@ def release(request, releases, npu, tmp_path, monkeypatch) -> Iterator[Path]:
 
 
 def test_gated_without_vllm_ascend_installed():
-    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[
+        STATE
+    ]
     assert record.state == "gated"
     assert "vllm-ascend" in record.reason or "vllm_ascend" in record.reason
 
@@ -78,12 +80,35 @@ def test_loads_the_release_capture_where_it_is_not_imported(release):
     assert RoutedExpertsCapturer.__dict__["capture"] is original
 
 
+@pytest.mark.parametrize("release", ["0.23.0"], indirect=True)
+def test_the_record_follows_the_capture_not_the_trigger(release):
+    """The patch is hooked on the worker package (its trigger) but fixes vLLM's class: a capture
+    replaced after the fix is ``superseded``, and after ``revert()`` (the capture module stays
+    imported) a new engine applies again instead of taking vLLM's capture for vllm-ascend's."""
+    from vllm.model_executor.layers.fused_moe.routed_experts_capturer import RoutedExpertsCapturer
+
+    original = RoutedExpertsCapturer.__dict__["capture"]
+    engine = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    ours = RoutedExpertsCapturer.__dict__["capture"]
+    RoutedExpertsCapturer.capture = lambda self, layer_id, topk_ids: None
+    assert engine.report()[STATE].state == "superseded"
+    RoutedExpertsCapturer.capture = ours
+    assert engine.report()[STATE].state == "applied"
+    engine.revert()
+    assert RoutedExpertsCapturer.__dict__["capture"] is original
+    again = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
+    assert again.report()[STATE].state == "applied", again.report()[STATE].reason
+    assert again.revert() == [STATE]
+
+
 @pytest.mark.parametrize("release", ["0.30.0rc2"], indirect=True)
 def test_fixed_upstream_where_the_release_imports_it(release):
     from vllm.model_executor.layers.fused_moe.routed_experts_capturer import RoutedExpertsCapturer
 
     original = RoutedExpertsCapturer.__dict__["capture"]
-    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[
+        STATE
+    ]
     assert record.state == "fixed-upstream"
     assert "unconditionally" in record.reason
     assert RoutedExpertsCapturer.__dict__["capture"] is original
@@ -92,13 +117,17 @@ def test_fixed_upstream_where_the_release_imports_it(release):
 @pytest.mark.parametrize("release", [("0.23.0", "0.19.1rc2.dev1265")], indirect=True)
 def test_a_stale_version_string_does_not_decide(release):
     """0.23.0's code reporting an old development version (as Ascend images do) is still patched."""
-    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[
+        STATE
+    ]
     assert record.state == "applied", record.reason
 
 
 @pytest.mark.parametrize("release", [("0.30.0rc2", "0.19.1rc2.dev1265")], indirect=True)
 def test_fixed_upstream_code_under_a_stale_version_string(release):
-    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[
+        STATE
+    ]
     assert record.state == "fixed-upstream"
 
 
@@ -108,7 +137,9 @@ def test_unsupported_where_the_release_ships_no_capture_module(release):
     from vllm.model_executor.layers.fused_moe.routed_experts_capturer import RoutedExpertsCapturer
 
     original = RoutedExpertsCapturer.__dict__["capture"]
-    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[STATE]
+    record = upstream.run_engine(ascend_routed_experts_capture.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52").report()[
+        STATE
+    ]
     assert record.state == "unsupported"
     assert "no such module" in record.reason
     assert RoutedExpertsCapturer.__dict__["capture"] is original

@@ -134,7 +134,8 @@ def declared(patch: Patch, target: Target, undo: Any) -> set[str]:
     the transformers experts, registered in transformers' experts interface) leaves the target
     as it is; what it installs elsewhere is not a declared site yet."""
     through = getattr(undo, THROUGH_TARGET, False)
-    return {*([] if through else [str(target)]), *declared_values(patch)}
+    hooked = [] if through or target in patch.triggers else [str(target)]  # a trigger is read, not changed
+    return {*hooked, *declared_values(patch)}
 
 
 @dataclass

@@ -64,7 +64,7 @@ def capture_rule(capture: Code | None, worker_init: str | None, already_imported
     if mismatch:
         return mismatch
     if already_imported:
-        return fixed_upstream(f"{CAPTURE} is already imported in this process")
+        return fixed_upstream(f"{CAPTURE} is already imported in this process and its capture is in effect")
     if worker_init is not None and imports_module_unconditionally(worker_init, CAPTURE):
         return fixed_upstream(f"{WORKER} imports {CAPTURE} unconditionally")
     return APPLY
@@ -83,7 +83,15 @@ def _check(site: Site) -> Verdict:
     capture = ModuleSource(text).code("capture") if text is not None else None
     if spec is not None and capture is None and text is None:  # no source (.pyc only): trust presence
         capture = Code(None, CAPTURE_PARAMS)
-    return capture_rule(capture, _read(site.value), CAPTURE in sys.modules)
+    return capture_rule(capture, _read(site.value), _in_effect())
+
+
+def _in_effect() -> bool:
+    """vllm-ascend's capture module was imported and its capture is the one vLLM's class holds
+    (not after our undo left the module imported, nor under another owner's)."""
+    module, capturer = sys.modules.get(CAPTURE), sys.modules.get(CAPTURER)
+    held = own_value(getattr(capturer, "RoutedExpertsCapturer", None), "capture") if capturer else None
+    return module is not None and held is getattr(module, "capture", object())
 
 
 def _fix(site: Site) -> Undo:
