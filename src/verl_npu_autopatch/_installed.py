@@ -325,7 +325,7 @@ class Installed:
             record = slot.record
             with host.lock:
                 displaced = ""
-                if slot.installed is not None and record.state != "applied":
+                if slot.installed is not None and record.state != "applied" and _on_live_module(slot.installed):
                     displaced = f"{record.state}: {record.reason}"
                 else:
                     undos = [step for step in (slot.release(), *slot.stale) if step is not None]
@@ -352,6 +352,12 @@ class Installed:
         if name is None:
             return slots
         return [s for s in slots if s.patch is not None and (name == s.record.name or name in s.patch.groups)]
+
+
+def _on_live_module(installed: ownership.Installation) -> bool:
+    """Whether the module the fix went in on is still the one imported: a displaced fix there is
+    another owner's to keep; one left on a module gone from ``sys.modules`` is undone and unwatched."""
+    return sys.modules.get(installed.target.module) is installed.module
 
 
 def _patch_of(slot: Slot) -> Patch:

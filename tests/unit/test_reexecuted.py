@@ -34,6 +34,19 @@ def test_a_target_imported_afresh_is_patched_again(module_name: str) -> None:
     assert engine.revert() == ["unit.plus_one"] and (fresh.Box().value(), old.Box().value()) == (1, 1)
 
 
+def test_revert_while_the_target_is_out_of_sys_modules_stops_watching_it(module_name: str) -> None:
+    """Reverted while the patched module had left ``sys.modules`` (a test fixture dropping it):
+    the fix on the old module object is undone and a later fresh import stays upstream's."""
+    engine = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    engine.activate("unit")
+    old = importlib.import_module(module_name)
+    del sys.modules[module_name]
+    assert engine.report()["unit.plus_one"].state == "superseded"
+    assert engine.revert() == ["unit.plus_one"] and old.Box().value() == 1
+    fresh = importlib.import_module(module_name)
+    assert fresh.Box().value() == 1 and engine.report()["unit.plus_one"].state == "reverted"
+
+
 def test_a_target_replacing_itself_in_sys_modules_is_patched_where_importers_look(module_name: str, tmp_path) -> None:
     source = tmp_path / f"{module_name}.py"
     source.write_text(
