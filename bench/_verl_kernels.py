@@ -60,7 +60,7 @@ def _cases(verl: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     """kernel -> (ours, verl's), on tiny bf16 inputs (dispatch dominates)."""
     import torch
 
-    from verl_npu_autopatch.patches import _npu_kernels as k
+    from verl_npu_autopatch.patches.transformers_npu import kernels as k
 
     dtype = torch.bfloat16
     norm = torch.nn.Module()
@@ -187,7 +187,7 @@ def _block(fused: bool, dtype: Any) -> Any:
 
 
 def _ours(fused: bool) -> Callable[[Any, Any], Any]:
-    from verl_npu_autopatch.patches import _npu_kernels as k
+    from verl_npu_autopatch.patches.transformers_npu import kernels as k
 
     if not fused:
         legacy = k.legacy_moe_block(lambda *a: None)
@@ -213,7 +213,7 @@ def _first(forward: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
 def _qwen3_5_experts(verl: Any) -> Callable[[Any, Any], Any]:
     """The router as ours, then verl's ``qwen3_5_moe_experts_forward_npu`` (Qwen3.5-MoE's experts)."""
-    from verl_npu_autopatch.patches import _npu_kernels as k
+    from verl_npu_autopatch.patches.transformers_npu import kernels as k
 
     def forward(block: Any, hidden: Any) -> Any:
         tokens = hidden.view(-1, HIDDEN)
