@@ -34,11 +34,10 @@ NPU_PATCH = "verl/models/transformers/npu_patch.py"
 
 def verl_npu_patch() -> types.ModuleType:
     """verl 0.9.1's ``verl.models.transformers.npu_patch``, imported for real (torch_npu stubbed first)."""
-    loader = importlib.machinery.SourceFileLoader("compat_matrix_script", str(ROOT / "scripts" / "compat-matrix"))
-    script = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    sys.modules[loader.name] = script
-    loader.exec_module(script)
-    root = script.extract(script.Artifact("verl", VERSION, f"verl-{VERSION}-py3-none-any.whl"), (NPU_PATCH,)) / "verl"
+    sys.path.append(str(ROOT / "scripts"))  # the compatibility tool's package, compat_matrix
+    from compat_matrix.fetch import Artifact, extract
+
+    root = extract(Artifact("verl", VERSION, f"verl-{VERSION}-py3-none-any.whl"), (NPU_PATCH,)) / "verl"
     for name, sub in (("verl", ""), ("verl.models", "models"), ("verl.models.transformers", "models/transformers")):
         package = types.ModuleType(name)
         package.__path__ = [str(root / sub)]
