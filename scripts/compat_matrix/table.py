@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compat_matrix.fetch import CACHE, Artifact, index_artifact
+from compat_matrix import fetch
+from compat_matrix.fetch import CACHE, Artifact
 
 #: Release files the tests read from the same extracted trees, besides those the rules read
 #: (``tests/ascend/test_sfa.py`` loads ``utils.py`` and ``indexer_kpool.py``).
@@ -103,7 +104,7 @@ class Section:
         return self.rows_of(trees)
 
     def artifact(self, version: str) -> Artifact:
-        return index_artifact(self.project, version, self.prefer)
+        return fetch.index_artifact(self.project, version, self.prefer)
 
     def drift(self, version: str, cache: Path = CACHE) -> list[str]:
         """Cells of release ``version`` that differ from the newest column (:func:`drift`)."""

@@ -11,7 +11,8 @@ from typing import Any
 
 import verl_sites
 
-from compat_matrix.fetch import CACHE, ROOT, Artifact, download, extract, index_artifact
+from compat_matrix import fetch
+from compat_matrix.fetch import CACHE, ROOT, Artifact, download, extract
 
 VERL_DOC = ROOT / "docs" / "verl.md"
 #: The verl releases read (oldest first; the last is the one docs/verl.md's parity table is
@@ -43,7 +44,7 @@ class VerlWatch:
     columns: tuple[Artifact, ...] = tuple(Artifact("verl", v, f"verl-{v}-py3-none-any.whl") for v in VERL_VERSIONS)
 
     def artifact(self, version: str) -> Artifact:
-        return index_artifact(self.project, version, ("py3-none-any.whl",))
+        return fetch.index_artifact(self.project, version, ("py3-none-any.whl",))
 
     def sites(self, artifact: Artifact, cache: Path = CACHE) -> list[Any]:
         return verl_sites.sites(verl_root(artifact, cache))

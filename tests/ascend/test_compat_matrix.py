@@ -171,7 +171,7 @@ def _fake_index(script, monkeypatch, newer: list[str], suffix: str) -> None:
     file named like the fakes of :func:`_fake_release`."""
     monkeypatch.setattr(script.fetch, "newer_versions", lambda project, than: list(newer))
     monkeypatch.setattr(
-        script,
+        script.fetch,
         "index_artifact",
         lambda project, version, prefer: script.Artifact(
             project, version, f"{project.replace('-', '_')}-{version}{suffix}"

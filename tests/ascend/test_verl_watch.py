@@ -81,7 +81,7 @@ def test_a_newer_verl_release_with_a_new_site_fails_the_drift_watch(script, tmp_
     _fake_verl(script, tmp_path, "9.9.9", {"verl/utils/megatron/p2p_npu_patch.py": SYNTHETIC})
     monkeypatch.setattr(script.fetch, "newer_versions", lambda project, than: ["9.9.8", "9.9.9"])
     monkeypatch.setattr(
-        script,
+        script.fetch,
         "index_artifact",
         lambda project, version, prefer: script.Artifact(project, version, f"verl-{version}-py3-none-any.whl"),
     )
