@@ -123,7 +123,7 @@ def newer_versions(project: str, than: str) -> list[str]:
     for text in index_json(project).get("versions") or []:
         try:
             version = Version(text)
-        except InvalidVersion:
+        except InvalidVersion:  # a legacy version string on the index: no release to compare
             continue
         if version > Version(than) and not version.is_devrelease:
             found.append(version)
