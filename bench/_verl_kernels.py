@@ -34,11 +34,10 @@ NPU_PATCH = "verl/models/transformers/npu_patch.py"
 
 def verl_npu_patch() -> types.ModuleType:
     """verl 0.9.1's ``verl.models.transformers.npu_patch``, imported for real (torch_npu stubbed first)."""
-    loader = importlib.machinery.SourceFileLoader("compat_matrix_script", str(ROOT / "scripts" / "compat-matrix"))
-    script = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    sys.modules[loader.name] = script
-    loader.exec_module(script)
-    root = script.extract(script.Artifact("verl", VERSION, f"verl-{VERSION}-py3-none-any.whl"), (NPU_PATCH,)) / "verl"
+    sys.path.append(str(ROOT / "scripts"))  # the compatibility tool's package, compat_matrix
+    from compat_matrix.fetch import Artifact, extract
+
+    root = extract(Artifact("verl", VERSION, f"verl-{VERSION}-py3-none-any.whl"), (NPU_PATCH,)) / "verl"
     for name, sub in (("verl", ""), ("verl.models", "models"), ("verl.models.transformers", "models/transformers")):
         package = types.ModuleType(name)
         package.__path__ = [str(root / sub)]
@@ -60,7 +59,7 @@ def _cases(verl: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     """kernel -> (ours, verl's), on tiny bf16 inputs (dispatch dominates)."""
     import torch
 
-    from verl_npu_autopatch.patches import _npu_kernels as k
+    from verl_npu_autopatch.patches.transformers_npu import kernels as k
 
     dtype = torch.bfloat16
     norm = torch.nn.Module()
@@ -187,7 +186,7 @@ def _block(fused: bool, dtype: Any) -> Any:
 
 
 def _ours(fused: bool) -> Callable[[Any, Any], Any]:
-    from verl_npu_autopatch.patches import _npu_kernels as k
+    from verl_npu_autopatch.patches.transformers_npu import kernels as k
 
     if not fused:
         legacy = k.legacy_moe_block(lambda *a: None)
@@ -213,7 +212,7 @@ def _first(forward: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
 def _qwen3_5_experts(verl: Any) -> Callable[[Any, Any], Any]:
     """The router as ours, then verl's ``qwen3_5_moe_experts_forward_npu`` (Qwen3.5-MoE's experts)."""
-    from verl_npu_autopatch.patches import _npu_kernels as k
+    from verl_npu_autopatch.patches.transformers_npu import kernels as k
 
     def forward(block: Any, hidden: Any) -> Any:
         tokens = hidden.view(-1, HIDDEN)

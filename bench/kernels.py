@@ -13,7 +13,7 @@ shape without computing it (a view of an input, or ``torch.empty``): what is tim
 wrapper's own work (attribute reads, dtype casts, ``cat``/slicing around the op, Python calls).
 
 * **Per call** (tiny bf16 inputs, so dispatch dominates): each replacement forward from
-  ``verl_npu_autopatch.patches._npu_kernels`` against calling the stubbed op directly; the
+  ``verl_npu_autopatch.patches.transformers_npu.kernels`` against calling the stubbed op directly; the
   paired difference is the wrapper's own overhead per call.
 * **MoE backward bytes**: ``GroupedMatmul`` forward + backward of one expert layer shaped like
   Qwen3-30B-A3B's gate/up projection (E=128, H=2048, 2I=1536, 8192 routed rows, bf16), CPU
@@ -76,7 +76,7 @@ def mlp() -> Any:
 def per_call_rows(rounds: int, calls: int) -> list[dict[str, object]]:
     import torch
 
-    from verl_npu_autopatch.patches import _npu_kernels as k
+    from verl_npu_autopatch.patches.transformers_npu import kernels as k
 
     dtype = torch.bfloat16
     norm = Norm(64, dtype)
@@ -110,7 +110,7 @@ class CopyingGroupedMatmul:
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> tuple[Any, Any, None]:
-        from verl_npu_autopatch.patches._npu_kernels import npu
+        from verl_npu_autopatch.patches.transformers_npu.kernels import npu
 
         x, weight, counts = ctx.saved_tensors
         grad = grad.contiguous()
@@ -124,7 +124,7 @@ def backward_bytes(variant: str) -> int:
     """Bytes allocated on the CPU by one forward + backward of the gate/up grouped matmul."""
     import torch
 
-    from verl_npu_autopatch.patches import _npu_kernels as k
+    from verl_npu_autopatch.patches.transformers_npu import kernels as k
 
     experts, hidden, gate_up, rows = 128, 2048, 1536, 8192
     x = torch.zeros(rows, hidden, dtype=torch.bfloat16, requires_grad=True)

@@ -69,7 +69,7 @@ NOT_NUMERIC: dict[str, str] = {
 
 def has_check(name: str) -> bool:
     """Whether patch ``name`` has a tiny-input check (a transformers kernel or one of :data:`INFERENCE`)."""
-    from verl_npu_autopatch.patches._transformers_table import KERNELS
+    from verl_npu_autopatch.patches.transformers_npu.table import KERNELS
 
     return name in INFERENCE or (name.startswith("transformers.") and name.rsplit(".", 1)[-1] in KERNELS)
 
@@ -244,15 +244,15 @@ def run(records: list[dict[str, Any]]) -> dict[str, Any]:
 def _case(name: str, target: str) -> Any:
     """The tiny-input case of the applied patch ``name`` on ``target``."""
     if name in INFERENCE:
-        from verl_npu_autopatch._verify_ascend import case
+        from verl_npu_autopatch.patches.ascend_glm52.verify_case import case
     else:
-        from verl_npu_autopatch._verify_cases import case
+        from verl_npu_autopatch.patches.transformers_npu.verify_cases import case
     return case(name, target)
 
 
 def _verify_record(record: dict[str, Any], device: Any) -> list[dict[str, Any]]:
     """One row per dtype for an applied patch with a check; a failure to run is a failed row."""
-    from verl_npu_autopatch._verify_cases import Unverifiable
+    from verl_npu_autopatch.patches._verify_case import Unverifiable
 
     base = {"name": record["name"], "target": record["target"], "inputs": None, "backward": None}
     base.update(dict.fromkeys(MEASURED))

@@ -169,9 +169,9 @@ def _rename_weight_loader(name: str, data: bytes) -> bytes:
 def _fake_index(script, monkeypatch, newer: list[str], suffix: str) -> None:
     """The index answers ``newer`` as the releases after every section's newest column, each a
     file named like the fakes of :func:`_fake_release`."""
-    monkeypatch.setattr(script, "newer_versions", lambda project, than: list(newer))
+    monkeypatch.setattr(script.fetch, "newer_versions", lambda project, than: list(newer))
     monkeypatch.setattr(
-        script,
+        script.fetch,
         "index_artifact",
         lambda project, version, prefer: script.Artifact(
             project, version, f"{project.replace('-', '_')}-{version}{suffix}"
@@ -225,14 +225,14 @@ def test_every_section_is_watched():
 def test_newer_versions_are_every_release_after_the_column(monkeypatch):
     script = upstream.matrix_script()
     versions = ["0.9.1", "0.10.0rc1", "0.8.0", "0.10.0", "0.10.1.dev3", "0.9.2"]
-    monkeypatch.setattr(script, "index_json", lambda project: {"versions": versions})
+    monkeypatch.setattr(script.fetch, "index_json", lambda project: {"versions": versions})
     assert script.newer_versions("x", "0.9.1") == ["0.9.2", "0.10.0rc1", "0.10.0"]
 
 
 def test_a_newer_release_without_a_readable_file_fails_the_watch(monkeypatch, capsys):
     script = upstream.matrix_script()
-    monkeypatch.setattr(script, "newer_versions", lambda project, than: ["9.9.9"])
-    monkeypatch.setattr(script, "index_json", lambda project: {"files": [], "versions": ["9.9.9"]})
+    monkeypatch.setattr(script.fetch, "newer_versions", lambda project, than: ["9.9.9"])
+    monkeypatch.setattr(script.fetch, "index_json", lambda project: {"files": [], "versions": ["9.9.9"]})
     (torch_npu,) = [s for s in script.WATCHED if s.project == "torch-npu"]
     assert script.latest([torch_npu]) == 1
     assert "torch-npu 9.9.9: cannot be read: no readable file of torch-npu 9.9.9 on the index" in (
@@ -242,7 +242,7 @@ def test_a_newer_release_without_a_readable_file_fails_the_watch(monkeypatch, ca
 
 def test_latest_is_quiet_when_no_release_is_newer_than_the_table(monkeypatch, capsys):
     script = upstream.matrix_script()
-    monkeypatch.setattr(script, "newer_versions", lambda project, than: [])
+    monkeypatch.setattr(script.fetch, "newer_versions", lambda project, than: [])
     assert script.latest([script.VLLM]) == 0
     assert "newer on the index: none: no change" in capsys.readouterr().out
 

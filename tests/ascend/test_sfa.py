@@ -445,7 +445,7 @@ def test_placeholder_indexer_module_is_not_taken_for_the_backend(releases, label
     root, vllm_root = releases[label]
     placeholder = (root / "vllm_ascend/attention/indexer.py").read_text(encoding="utf-8")
     assert "class AscendSFAIndexerBackend" in placeholder and "DeviceOperator" not in placeholder
-    tree = UpstreamTree((root, vllm_root), {"vllm-ascend": label, "vllm": script._paired_vllm(label)})
+    tree = UpstreamTree((root, vllm_root), {"vllm-ascend": label, "vllm": script.paired_vllm(label)})
     assert tree.module(INDEXER).code("AscendSFAIndexerBackend.forward") is None
     impl = tree.code(NAME, "AscendSFAImpl.indexer_select_post_process")
     assert impl.has("weights=kw[:,self.head_dim:]", "DeviceOperator.indexer_select_post_process(")

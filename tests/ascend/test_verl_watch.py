@@ -79,9 +79,9 @@ def _fake_verl(script, cache, version: str, extra: dict[str, str]) -> None:
 def test_a_newer_verl_release_with_a_new_site_fails_the_drift_watch(script, tmp_path, monkeypatch, capsys):
     _fake_verl(script, tmp_path, "9.9.8", {})
     _fake_verl(script, tmp_path, "9.9.9", {"verl/utils/megatron/p2p_npu_patch.py": SYNTHETIC})
-    monkeypatch.setattr(script, "newer_versions", lambda project, than: ["9.9.8", "9.9.9"])
+    monkeypatch.setattr(script.fetch, "newer_versions", lambda project, than: ["9.9.8", "9.9.9"])
     monkeypatch.setattr(
-        script,
+        script.fetch,
         "index_artifact",
         lambda project, version, prefer: script.Artifact(project, version, f"verl-{version}-py3-none-any.whl"),
     )

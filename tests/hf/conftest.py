@@ -130,16 +130,9 @@ VERL_NPU_PATCH = "verl/models/transformers/npu_patch.py"
 def _verl_source() -> Path:
     """verl's released ``npu_patch.py``, downloaded (sha256-checked against the index, cached in
     .cache/upstream) by ``scripts/compat-matrix``'s own code."""
-    import importlib.machinery
+    from tests.support.matrix import matrix_script
 
-    name = "compat_matrix_script"
-    if name not in sys.modules:
-        loader = importlib.machinery.SourceFileLoader(name, str(ROOT / "scripts" / "compat-matrix"))
-        spec = importlib.util.spec_from_loader(name, loader)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        loader.exec_module(module)
-    script = sys.modules[name]
+    script = matrix_script()
     artifact = script.Artifact("verl", VERL_VERSION, f"verl-{VERL_VERSION}-py3-none-any.whl")
     return script.extract(artifact, (VERL_NPU_PATCH,)) / "verl"
 

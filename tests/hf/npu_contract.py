@@ -11,15 +11,14 @@ wrong type raise ``TypeError``, as ``torch_npu`` does.
 from __future__ import annotations
 
 import functools
-import importlib.machinery
-import importlib.util
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from tests.support.matrix import matrix_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CODEGEN = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
@@ -151,21 +150,11 @@ def parse(line: str) -> Schema:
     return Schema(op, tuple(arguments), returns)
 
 
-def _compat_matrix() -> Any:
-    name = "compat_matrix_script"
-    if name not in sys.modules:
-        loader = importlib.machinery.SourceFileLoader(name, str(ROOT / "scripts" / "compat-matrix"))
-        module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
-        sys.modules[name] = module
-        loader.exec_module(module)
-    return sys.modules[name]
-
-
 @functools.cache
 def schemas(release: str, ops: tuple[str, ...] = OPS) -> dict[str, Schema]:
     """The schemas of ``ops`` (default :data:`OPS`) in torch_npu ``release`` (the plain overload of
     each op)."""
-    script = _compat_matrix()
+    script = matrix_script()
     root = script.extract(script.Artifact("torch-npu", release, WHEELS[release]), (CODEGEN,))
     found: dict[str, Schema] = {}
     for line in (root / CODEGEN).read_text().splitlines():

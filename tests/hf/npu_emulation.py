@@ -305,14 +305,14 @@ def npu_grouped_matmul(
 def install(monkeypatch: Any, version: str = npu_contract.NEWEST) -> Any:
     """Make ``import torch_npu`` return this test double and ``torch.histc`` count integers as the
     NPU's does (both undone by ``monkeypatch``), enforcing the contract of torch_npu ``version``."""
-    from verl_npu_autopatch.patches import _npu_kernels
+    from verl_npu_autopatch.patches.transformers_npu import kernels as npu_kernels
 
     calls.clear()
     trace.clear()
     monkeypatch.setattr(sys.modules[__name__], "release", release)  # put back after the test
     use_release(version)
     monkeypatch.setitem(sys.modules, "torch_npu", sys.modules[__name__])
-    monkeypatch.setattr(_npu_kernels, "_torch_npu", None)
+    monkeypatch.setattr(npu_kernels, "_torch_npu", None)
     integer_histc(monkeypatch)  # the expert counts (ours and verl's) are an integer histc, as on the device
     return sys.modules[__name__]
 

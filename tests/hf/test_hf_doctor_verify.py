@@ -194,7 +194,7 @@ def test_the_experts_check_leaves_the_last_expert_without_tokens() -> None:
     compared with upstream's on the device."""
     import torch
 
-    from verl_npu_autopatch import _verify_cases as cases
+    from verl_npu_autopatch.patches.transformers_npu import verify_cases as cases
 
     index, _ = cases._routing(torch.float32, torch.device("cpu"))
     assert index.shape == (cases.B * cases.S, cases.K)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from tests.hf.conftest import PRESENT, builders, randomize
-from verl_npu_autopatch.patches import _npu_kernels, transformers_npu
+from verl_npu_autopatch.patches import transformers_npu
+from verl_npu_autopatch.patches.transformers_npu import kernels as npu_kernels
 from verl_npu_autopatch.patching import parameter_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,14 +113,14 @@ def test_group_counts_have_a_fixed_length_under_torch_export(npu: Any) -> None:
 
     class Counts(torch.nn.Module):
         def forward(self, index: torch.Tensor) -> torch.Tensor:
-            return _npu_kernels.group_counts(index, 6)
+            return npu_kernels.group_counts(index, 6)
 
     index = torch.tensor([[0, 2], [2, 5], [5, 5]])
     program = torch.export.export(Counts(), (index,))
     (node,) = [n for n in program.graph.nodes if n.op == "output"]
     assert tuple(node.args[0][0].meta["val"].shape) == (6,)  # static, not data-dependent
     torch.testing.assert_close(program.module()(index), torch.tensor([1, 0, 2, 0, 0, 3]))
-    torch.testing.assert_close(_npu_kernels.group_counts(index, 6), torch.bincount(index.reshape(-1), minlength=6))
+    torch.testing.assert_close(npu_kernels.group_counts(index, 6), torch.bincount(index.reshape(-1), minlength=6))
 
 
 def _gelu_experts(model: Any) -> Any:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.hf.conftest import PRESENT, builders, randomize
-from verl_npu_autopatch.patches import _npu_kernels, transformers_npu
+from verl_npu_autopatch.patches import transformers_npu
+from verl_npu_autopatch.patches.transformers_npu import kernels as npu_kernels
 
 #: Emulated op each kernel kind must call once patched.
 OPS = {
@@ -170,7 +171,7 @@ def test_grouped_matmul_backward_matches_dense_autograd(npu: Any, monkeypatch: A
     w = torch.randn(experts, k_dim, n_dim, generator=g, dtype=torch.float64, requires_grad=True)
     upstream = torch.randn(int(counts.sum()), n_dim, generator=g, dtype=torch.float64)
 
-    y = _npu_kernels.grouped_matmul(x, w, counts)
+    y = npu_kernels.grouped_matmul(x, w, counts)
     (y * upstream).sum().backward()
     x_ref = x.detach().clone().requires_grad_()
     w_ref = w.detach().clone().requires_grad_()
@@ -183,7 +184,7 @@ def test_grouped_matmul_backward_matches_dense_autograd(npu: Any, monkeypatch: A
     assert torch.count_nonzero(w.grad[1]) == 0
     assert npu.calls["npu_grouped_matmul[group_type=0]"] == 2 and npu.calls["npu_grouped_matmul[group_type=2]"] == 1
     assert torch.autograd.gradcheck(
-        lambda a, b: _npu_kernels.grouped_matmul(a, b, counts),
+        lambda a, b: npu_kernels.grouped_matmul(a, b, counts),
         (x.detach().requires_grad_(), w.detach().requires_grad_()),
     )
 
@@ -199,7 +200,7 @@ def test_routed_experts_forward_and_backward_match_dense(npu: Any, monkeypatch: 
     down = torch.randn(experts, inter, hidden, generator=g, dtype=torch.float64, requires_grad=True)
     leaves = (tokens, logits, gate_up, down)
 
-    out = _npu_kernels.routed_experts(tokens, index, weights, gate_up, down)
+    out = npu_kernels.routed_experts(tokens, index, weights, gate_up, down)
     grads = torch.autograd.grad(out.sin().sum(), leaves, retain_graph=True)
     ref = _dense_experts(tokens, index, weights, gate_up, down)
     ref_grads = torch.autograd.grad(ref.sin().sum(), leaves)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from tests.hf.conftest import PRESENT, randomize
-from verl_npu_autopatch.patches import _transformers_owners, transformers_npu
+from verl_npu_autopatch.patches import transformers_npu
+from verl_npu_autopatch.patches.transformers_npu import owners
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -31,7 +32,7 @@ def test_only_the_imported_family_is_patched_and_the_rest_costs_nothing() -> Non
         engine.activate("test")
         activation_ms = (time.perf_counter() - start) * 1e3
         heavy_after_activation = sorted(m for m in ("torch", "transformers", "liger_kernel",
-            "verl_npu_autopatch.patches._npu_kernels") if m in sys.modules)
+            "verl_npu_autopatch.patches.transformers_npu.kernels") if m in sys.modules)
         import transformers.models.qwen3.modeling_qwen3
         print(json.dumps({
             "activation_ms": activation_ms,
@@ -83,7 +84,7 @@ def test_monkeypatched_classes_of_unexpected_shape_are_unsupported(monkeypatch: 
     )
     assert "down_proj(act_fn(gate_proj(x)) * up_proj(x))" in records["mlp"].reason
     assert "has no attribute 'apply_rotary_pos_emb'" in records["rotary"].reason
-    assert not any(_transformers_owners._module_of(v).startswith("verl") for v in (Qwen3MLP.forward,))
+    assert not any(owners._module_of(v).startswith("verl") for v in (Qwen3MLP.forward,))
 
 
 def test_module_of_unexpected_shape_imports_fine_and_is_unsupported(monkeypatch: Any, make_engine: Any) -> None:

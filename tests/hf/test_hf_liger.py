@@ -37,8 +37,9 @@ PRELUDE = textwrap.dedent(
         if marked_by(obj):
             return "ours"
         if isinstance(holders[-1], type) and transformers_npu.dispatcher_interface(obj) is not None:
-            from verl_npu_autopatch.patches import _experts_interface  # transformers 5.x experts: registered
-            return "ours" if _experts_interface.installed(holders[-1]) else "upstream"
+            # transformers 5.x experts: registered
+            from verl_npu_autopatch.patches.transformers_npu import experts_interface
+            return "ours" if experts_interface.installed(holders[-1]) else "upstream"
         return "upstream"
 
     def dump(engine, families, **extra):

@@ -10,8 +10,6 @@ mixins, so their tests are simply not collected. The tester classes are ours
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shutil
@@ -24,6 +22,7 @@ import pytest
 import transformers
 
 from tests.hf.conftest import PRESENT
+from tests.support.matrix import matrix_script
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -46,18 +45,8 @@ STAND_INS = {
 }
 
 
-def _compat_matrix():
-    path = ROOT / "scripts" / "compat-matrix"
-    loader = importlib.machinery.SourceFileLoader("compat_matrix", str(path))
-    spec = importlib.util.spec_from_loader("compat_matrix", loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("compat_matrix", module)
-    loader.exec_module(module)
-    return module
-
-
 def _test_modeling_common(version: str) -> str:
-    matrix = _compat_matrix()
+    matrix = matrix_script()
     sdist = matrix.download(matrix.Artifact("transformers", version, f"transformers-{version}.tar.gz"))
     with tarfile.open(sdist) as archive:
         member = archive.extractfile(f"transformers-{version}/tests/test_modeling_common.py")

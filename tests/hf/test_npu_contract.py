@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.hf import npu_contract, npu_emulation
-from verl_npu_autopatch.patches import _npu_kernels
+from verl_npu_autopatch.patches.transformers_npu import kernels as npu_kernels
 
 RELEASES = list(npu_contract.WHEELS)
 
@@ -155,7 +155,7 @@ def test_grouped_matmul_forward_and_backward_keep_the_contract(npu: Any, release
     counts = torch.tensor([3, 0, 4, 2])
     x = torch.randn(9, 6, dtype=dtype, requires_grad=True)
     w = torch.randn(4, 6, 5, dtype=dtype, requires_grad=True)
-    _npu_kernels.grouped_matmul(x, w, counts).float().sin().sum().backward()
+    npu_kernels.grouped_matmul(x, w, counts).float().sin().sum().backward()
     calls = [(op, dict(args)) for op, args in npu.trace]
     assert [args["group_type"] for _, args in calls] == [0, 0, 2]
     _, dx, dw = (args for _, args in calls)
@@ -174,7 +174,7 @@ def test_k_split_under_compile_refused_by_torch_npu_2_6_only(npu: Any, monkeypat
     w = torch.randn(3, 4, 5, requires_grad=True)
     counts = torch.tensor([2, 0, 4])
     npu.use_release(npu_contract.NEWEST)
-    _npu_kernels.grouped_matmul(x, w, counts).sum().backward()
+    npu_kernels.grouped_matmul(x, w, counts).sum().backward()
     npu.use_release(npu_contract.OLDEST)
     with pytest.raises(npu_emulation.ContractError, match="meta_group_type_2"):
-        _npu_kernels.grouped_matmul(x, w, counts).sum().backward()
+        npu_kernels.grouped_matmul(x, w, counts).sum().backward()

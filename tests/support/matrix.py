@@ -1,11 +1,10 @@
-"""``scripts/compat-matrix`` as a module, and live sites built the way the engine resolves them,
-so every suite can compare the decision table with the live check on the installed upstream."""
+"""The compatibility tool (``scripts/compat_matrix``, the package ``scripts/compat-matrix`` runs) as a
+module, and live sites built the way the engine resolves them, so every suite can compare the
+decision table with the live check on the installed upstream."""
 
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
-import importlib.util
 import inspect
 import sys
 import types
@@ -13,20 +12,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "compat-matrix"
+SCRIPTS = ROOT / "scripts"
 
 
 def matrix_script() -> types.ModuleType:
-    """``scripts/compat-matrix`` imported as a module (it has no ``.py`` suffix)."""
-    name = "compat_matrix_script"
-    if name in sys.modules:
-        return sys.modules[name]
-    loader = importlib.machinery.SourceFileLoader(name, str(SCRIPT))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
+    """The package ``compat_matrix`` (``scripts/`` joins the end of ``sys.path``, shadowing nothing)."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.append(str(SCRIPTS))
+    return importlib.import_module("compat_matrix")
 
 
 def live_sites(patch: Any) -> list[Any]:

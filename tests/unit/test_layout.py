@@ -170,6 +170,8 @@ def test_the_where_things_live_map_names_every_module_and_imports_point_down_it(
 def test_the_map_names_every_patches_helper() -> None:
     text = (SRC.parent / "docs" / "index.md").read_text(encoding="utf-8").split("## Where things live", 1)[1]
     helpers = {p.stem for p in (PACKAGE / "patches").glob("_*.py")} - {"__init__"}
+    helpers |= {p.stem for p in (PACKAGE / "patches").glob("*/*.py")} - {"__init__"}  # a subpackage family's modules
+    assert {"_family", "rules", "kernels", "verify_cases"} <= helpers
     assert {h for h in helpers if f"`{h}`" not in text and f"`{h}.py`" not in text} == set()
 
 

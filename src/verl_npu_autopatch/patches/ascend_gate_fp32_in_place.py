@@ -20,19 +20,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, params_mismatch
-from verl_npu_autopatch.patching import replace_method
-from verl_npu_autopatch.spec import (
-    APPLY,
-    Patch,
-    Site,
-    StaticRule,
-    Target,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
-)
+from verl_npu_autopatch.patches._family import wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
+from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
 LINEAR = "vllm_ascend.ops.linear"
 METHOD = "AscendUnquantizedLinearMethod.process_weights_after_loading"
@@ -55,10 +45,6 @@ def gate_rule(code: Code) -> Verdict:
     return APPLY
 
 
-def _check(site: Site) -> Verdict:
-    return gate_rule(Code.live(site.value))
-
-
 def _same_layout(old: Any, new: Any) -> bool:
     """Whether ``new`` can be copied into ``old``: two distinct tensors of one shape, dtype, device."""
     import torch
@@ -73,40 +59,33 @@ def _same_layout(old: Any, new: Any) -> bool:
     )
 
 
-def _fix(site: Site) -> Undo:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def process_weights_after_loading(self: Any, layer: Any, *args: Any, **kwargs: Any) -> Any:
-            held: Any = getattr(layer, "weight_fp32", None)
-            result = original(self, layer, *args, **kwargs)
-            made = getattr(layer, "weight_fp32", None)
-            if _same_layout(held, made):
-                import torch
+def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def process_weights_after_loading(self: Any, layer: Any, *args: Any, **kwargs: Any) -> Any:
+        held: Any = getattr(layer, "weight_fp32", None)
+        result = original(self, layer, *args, **kwargs)
+        made = getattr(layer, "weight_fp32", None)
+        if _same_layout(held, made):
+            import torch
 
-                with torch.no_grad():
-                    held.copy_(made)
-                layer.weight_fp32 = held
-            return result
+            with torch.no_grad():
+                held.copy_(made)
+            layer.weight_fp32 = held
+        return result
 
-        return process_weights_after_loading
-
-    return replace_method(site.owner, site.attribute, make, site.patch.name)
-
-
-def _static(tree: UpstreamTree) -> Verdict:
-    return tree.judge(LINEAR, METHOD, gate_rule)
+    return process_weights_after_loading
 
 
 PATCHES = [
-    Patch(
-        name="ascend.gate_fp32_in_place",
-        summary="A weight sync copies DeepSeek-V4's new fp32 router gate into the tensor captured graphs hold.",
+    wrapping_patch(
+        "ascend.gate_fp32_in_place",
+        "A weight sync copies DeepSeek-V4's new fp32 router gate into the tensor captured graphs hold.",
+        target=f"{LINEAR}:{METHOD}",
+        rule=gate_rule,
+        wrap=_wrap,
+        reads=("vllm_ascend/ops/linear.py",),
         reference="https://github.com/verl-project/verl-ascend-recipe",
         groups=("dsv4", "ascend"),
-        targets=(Target.parse(f"{LINEAR}:{METHOD}"),),
         default=False,
-        check=_check,
-        fix=_fix,
-        static=StaticRule(_static, reads=("vllm_ascend/ops/linear.py",)),
     ),
 ]

@@ -22,19 +22,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, params_mismatch
-from verl_npu_autopatch.patching import definition, replace_method
-from verl_npu_autopatch.spec import (
-    APPLY,
-    Patch,
-    Site,
-    StaticRule,
-    Target,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
-)
+from verl_npu_autopatch.patches._family import wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
+from verl_npu_autopatch.patching import definition
+from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 SAMPLER = "vllm_ascend.sample.sampler"
 PARAMS = ("probs", "generators")
@@ -61,10 +52,6 @@ def sampler_rule(code: Code) -> Verdict:
     return APPLY
 
 
-def _check(site: Site) -> Verdict:
-    return sampler_rule(Code.live(site.value))
-
-
 def with_record_stream(original: Callable[..., Any]) -> Callable[..., Any]:
     """``original`` compiled again from its own source with :data:`RECORD` after the wait
     statement (same globals, file and line numbers)."""
@@ -86,23 +73,15 @@ def with_record_stream(original: Callable[..., Any]) -> Callable[..., Any]:
     return functools.wraps(original)(scratch[node.name])
 
 
-def _fix(site: Site) -> Undo:
-    return replace_method(site.owner, site.attribute, with_record_stream, site.patch.name)
-
-
-def _static(tree: UpstreamTree) -> Verdict:
-    return tree.judge(SAMPLER, "random_sample", sampler_rule)
-
-
 PATCHES = [
-    Patch(
-        name="ascend.sampler_record_stream",
-        summary="vllm-ascend random_sample records its side-stream tensor q on the consuming stream.",
+    wrapping_patch(
+        "ascend.sampler_record_stream",
+        "vllm-ascend random_sample records its side-stream tensor q on the consuming stream.",
+        target=f"{SAMPLER}:random_sample",
+        rule=sampler_rule,
+        wrap=lambda site, original: with_record_stream(original),
+        reads=("vllm_ascend/sample/sampler.py",),
         reference="https://github.com/vllm-project/vllm-ascend/pull/13394",
         groups=("ascend",),
-        targets=(Target.parse(f"{SAMPLER}:random_sample"),),
-        check=_check,
-        fix=_fix,
-        static=StaticRule(_static, reads=("vllm_ascend/sample/sampler.py",)),
     ),
 ]

@@ -19,19 +19,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, params_mismatch
-from verl_npu_autopatch.patching import replace_method
-from verl_npu_autopatch.spec import (
-    APPLY,
-    Patch,
-    Site,
-    StaticRule,
-    Target,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
-)
+from verl_npu_autopatch.patches._family import wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
+from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
 CAPTURER = "vllm.model_executor.layers.fused_moe.routed_experts_capturer"
 METHOD = "RoutedExpertsManager.store_batch"
@@ -52,38 +42,27 @@ def slots_rule(code: Code) -> Verdict:
     return APPLY
 
 
-def _check(site: Site) -> Verdict:
-    return slots_rule(Code.live(site.value))
+def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def store_batch(self: Any, data: Any, slot_mapping: Any) -> Any:
+        real = slot_mapping >= 0  # numpy arrays, as the scheduler passes them
+        if not real.all():  # padding rows (slot id -1) would land in the last slot
+            data, slot_mapping = data[real], slot_mapping[real]
+        return original(self, data, slot_mapping)
 
-
-def _fix(site: Site) -> Undo:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def store_batch(self: Any, data: Any, slot_mapping: Any) -> Any:
-            real = slot_mapping >= 0  # numpy arrays, as the scheduler passes them
-            if not real.all():  # padding rows (slot id -1) would land in the last slot
-                data, slot_mapping = data[real], slot_mapping[real]
-            return original(self, data, slot_mapping)
-
-        return store_batch
-
-    return replace_method(site.owner, site.attribute, make, site.patch.name)
-
-
-def _static(tree: UpstreamTree) -> Verdict:
-    return tree.judge(CAPTURER, METHOD, slots_rule)
+    return store_batch
 
 
 PATCHES = [
-    Patch(
-        name="vllm.routed_experts_padding_slots",
-        summary="RoutedExpertsManager.store_batch skips padding slot id -1 instead of writing the last slot.",
+    wrapping_patch(
+        "vllm.routed_experts_padding_slots",
+        "RoutedExpertsManager.store_batch skips padding slot id -1 instead of writing the last slot.",
+        target=f"{CAPTURER}:{METHOD}",
+        rule=slots_rule,
+        wrap=_wrap,
+        reads=("vllm/model_executor/layers/fused_moe/routed_experts_capturer.py",),
         reference="https://github.com/verl-project/verl-ascend-recipe",
         groups=("router_replay", "vllm"),
-        targets=(Target.parse(f"{CAPTURER}:{METHOD}"),),
         default=False,
-        check=_check,
-        fix=_fix,
-        static=StaticRule(_static, reads=("vllm/model_executor/layers/fused_moe/routed_experts_capturer.py",)),
     ),
 ]

@@ -48,7 +48,8 @@ the indexer scale and kv_b_proj fixes (equivalent to verl's) record ``yielded``;
 This module is the family: the live checks, the fixes and ``PATCHES``. Its helpers, each with one job:
 
 - ``rules``: the decisions, pure rules over ``Code`` values, with the upstream names they read;
-- ``static``: the static rules, those decisions on a release's source (the decision table).
+- ``static``: the static rules, those decisions on a release's source (the decision table);
+- ``verify_case``: the tiny input ``doctor --verify`` runs the RMSNorm fix on.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 REFERENCE = "https://github.com/verl-project/verl/blob/main/verl/models/transformers/npu_patch.py"
 GROUP = "transformers"
 
-#: family -> ((kind, qualname variants), ...). Kinds are the keys of ``_transformers_table.KERNELS``: ``rms_norm``
+#: family -> ((kind, qualname variants), ...). Kinds are the keys of ``table.KERNELS``: ``rms_norm``
 #: (plain or ``(1+w)``, probed), ``rms_norm_gated``, ``mlp``/``vision_mlp`` (SwiGLU), ``rotary``
 #: (full or partial, probed), ``experts`` (fused experts; else, as the second variant, the
 #: sparse-MoE block: a legacy per-expert ``ModuleList`` block, or the 4.57 Qwen3-VL-MoE block

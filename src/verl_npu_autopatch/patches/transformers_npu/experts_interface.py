@@ -31,9 +31,9 @@ import threading
 from collections import Counter
 from typing import Any
 
+import verl_npu_autopatch.patches.transformers_npu.kernels as kernels
 from verl_npu_autopatch.ownership import reached_through_target
-from verl_npu_autopatch.patches import _npu_kernels as kernels
-from verl_npu_autopatch.patches._transformers_probes import default_hook_owner, dispatcher_interface
+from verl_npu_autopatch.patches.transformers_npu.probes import default_hook_owner, dispatcher_interface
 from verl_npu_autopatch.patching import mark, set_attribute
 from verl_npu_autopatch.spec import Undo
 

@@ -5,34 +5,39 @@ One patch per (family, kernel) — ``transformers.qwen3.rms_norm``, ``transforme
 ``MODELS`` (family -> kinds and their targets) and the one kernel table ``KERNELS`` (kind ->
 summary, probe, builder, Liger switch). Per-kernel names keep the report readable, let
 ``VERL_NPU_AUTOPATCH_DISABLE`` turn off one kernel, and let the Liger-Kernel arbitration
-(``patches/liger.py``) hand over exactly the targets Liger takes (Liger has no gated RMSNorm, so
-ours stays). Each family is also a group (``transformers.qwen3``).
+(``patches/liger_arbitration.py``) hand over exactly the targets Liger takes (Liger has no gated
+RMSNorm, so ours stays). Each family is also a group (``transformers.qwen3``).
 
 Each patch applies when its modeling module is imported; a family that is never imported costs
 nothing beyond its hook. Nothing is guessed from versions: every check probes the live code
 (signature, source fingerprint, attribute names, weight layout) and records ``unsupported``
-with what it expected and found. Kernels live in ``_npu_kernels`` (imported at fix time only).
+with what it expected and found.
 
-This module is the family; its parts are helpers, each with one job:
+This module is the family; its modules are its helpers, each with one job:
 
-- ``_transformers_models``: the family table ``MODELS`` and the names derived from it;
-- ``_transformers_owners``: who else owns a target (Liger-Kernel, verl, a class two families share);
-- ``_transformers_probes``: the structural checks of the live code;
-- ``_transformers_builders``: what installs a kernel;
-- ``_transformers_table``: the kernel table ``KERNELS`` and the patches of one family.
+- ``models``: the family table ``MODELS`` and the names derived from it;
+- ``owners``: who else owns a target (Liger-Kernel, verl, a class two families share);
+- ``probes``: the structural checks of the live code;
+- ``builders``: what installs a kernel;
+- ``table``: the kernel table ``KERNELS`` and the patches of one family;
+- ``kernels``: the torch_npu kernels (imported at fix time only, and torch with them);
+- ``experts_interface``: our kernel in transformers 5.x's experts registry (at fix time only);
+- ``verify_cases``: the tiny inputs ``doctor --verify`` runs each applied kernel on.
+
+Within the package its modules import each other by their full name, never through this module.
 """
 
 from __future__ import annotations
 
-from verl_npu_autopatch.patches._transformers_models import GROUP, MODELS, REFERENCE, kinds, module_name, patch_name
-from verl_npu_autopatch.patches._transformers_owners import from_package, liger_owner, shared_owner, verl_owner
-from verl_npu_autopatch.patches._transformers_probes import (
+from verl_npu_autopatch.patches.transformers_npu.models import GROUP, MODELS, REFERENCE, kinds, module_name, patch_name
+from verl_npu_autopatch.patches.transformers_npu.owners import from_package, liger_owner, shared_owner, verl_owner
+from verl_npu_autopatch.patches.transformers_npu.probes import (
     Unfit,
     default_hook_owner,
     dispatcher_interface,
     hub_function,
 )
-from verl_npu_autopatch.patches._transformers_table import KERNELS, Kernel, family_patches, probe
+from verl_npu_autopatch.patches.transformers_npu.table import KERNELS, Kernel, family_patches, probe
 from verl_npu_autopatch.spec import Patch
 
 __all__ = [

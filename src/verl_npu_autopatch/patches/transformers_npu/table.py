@@ -1,5 +1,5 @@
 """The kernel table (``KERNELS``: kind -> summary, probe, builder, Liger switch) and the patches it
-generates for one family of :data:`~verl_npu_autopatch.patches._transformers_models.MODELS`
+generates for one family of :data:`~verl_npu_autopatch.patches.transformers_npu.models.MODELS`
 (:func:`family_patches`): one patch per (family, kernel), checked by the kind's probe and fixed by
 its builder."""
 
@@ -10,10 +10,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from verl_npu_autopatch.patches._transformers_builders import build_experts, replacing
-from verl_npu_autopatch.patches._transformers_models import GROUP, MODELS, REFERENCE, enclosing, module_name, patch_name
-from verl_npu_autopatch.patches._transformers_owners import liger_owner, shared_owner, verl_owner
-from verl_npu_autopatch.patches._transformers_probes import (
+from verl_npu_autopatch.patches.transformers_npu.builders import build_experts, replacing
+from verl_npu_autopatch.patches.transformers_npu.models import (
+    GROUP,
+    MODELS,
+    REFERENCE,
+    enclosing,
+    module_name,
+    patch_name,
+)
+from verl_npu_autopatch.patches.transformers_npu.owners import liger_owner, shared_owner, verl_owner
+from verl_npu_autopatch.patches.transformers_npu.probes import (
     Unfit,
     parameters,
     probe_experts,

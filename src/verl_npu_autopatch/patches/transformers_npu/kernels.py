@@ -1,6 +1,6 @@
 """Replacement forwards for the transformers Qwen families, built on torch_npu fused kernels.
 
-Imported only by the transformers kernel builders (``_transformers_builders``) at fix time, i.e.
+Imported only by the transformers kernel builders (``builders``) at fix time, i.e.
 once a modeling module (and therefore torch) is loaded. ``torch_npu`` itself is imported on the
 first call of a replacement, never at import.
 

