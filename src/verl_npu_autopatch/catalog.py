@@ -44,6 +44,7 @@ FAMILIES: tuple[str, ...] = (
     "tensordict_npu_sync",
     "torch_npu_nested_tensor_intercept",
     "megatron_mtp_postprocess",
+    "megatron_expert_bias_fp32",
 )
 
 

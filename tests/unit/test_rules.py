@@ -14,6 +14,7 @@ from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
     ascend_routed_experts_capture,
     liger_arbitration,
+    megatron_expert_bias_fp32,
     megatron_mtp_postprocess,
     tensordict_npu_sync,
     torch_npu_nested_tensor_intercept,
@@ -29,6 +30,8 @@ from verl_npu_autopatch.spec import Verdict
 
 SLEEP = ("self", "offload_tags")
 UNMAP = "forptrinself.pointer_to_data:unmap_and_release(handle)"
+FLOAT16 = "def__init__(self,config,module):"
+F16_PARAMS = ("self", "config", "module")
 POSTPROCESS = "def_postprocess(self,hidden_states,labels):"
 SYNC_09 = "def_sync_all(self):ifself._has_cuda:torch.cuda.synchronize()elifself._has_mps:torch.mps.synchronize()"
 WAKE = (
@@ -76,6 +79,25 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "camem: other parameters": (lambda: ascend_camem_sleep_sync.camem_rule(Code(UNMAP, ("self",))), "unsupported"),
     "camem: no unmap": (lambda: ascend_camem_sleep_sync.camem_rule(Code("defsleep():pass", SLEEP)), "unsupported"),
+    # megatron.expert_bias_fp32
+    "expert bias: bf16 cast": (
+        lambda: megatron_expert_bias_fp32.float16_rule(Code(f"{FLOAT16}ifself.fp16:m=module.half()", F16_PARAMS)),
+        "apply",
+    ),
+    "expert bias: keeps it": (
+        lambda: megatron_expert_bias_fp32.float16_rule(
+            Code(f"{FLOAT16}m=module.bfloat16()keep(module,'expert_bias')", F16_PARAMS)
+        ),
+        "fixed-upstream",
+    ),
+    "expert bias: no cast": (
+        lambda: megatron_expert_bias_fp32.float16_rule(Code(f"{FLOAT16}m=module.to(dtype)", F16_PARAMS)),
+        "unsupported",
+    ),
+    "expert bias: other parameters": (
+        lambda: megatron_expert_bias_fp32.float16_rule(Code("def__init__(self,m):m.half()", ("self", "m"))),
+        "unsupported",
+    ),
     # megatron.mtp_postprocess
     "mtp: 0.16 not-None guard": (
         lambda: megatron_mtp_postprocess.postprocess_rule(

@@ -8,9 +8,14 @@ from typing import Any
 import pytest
 
 from tests.support import contract
+from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: F401  (fixture)
 from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
 from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
-from verl_npu_autopatch.patches import megatron_mtp_postprocess, torch_npu_nested_tensor_intercept
+from verl_npu_autopatch.patches import (
+    megatron_expert_bias_fp32,
+    megatron_mtp_postprocess,
+    torch_npu_nested_tensor_intercept,
+)
 from verl_npu_autopatch.spec import Patch
 
 LIVE = contract.live_patches()
@@ -30,6 +35,14 @@ def test_megatron_mtp_on_megatron_core_0_16_1(megatron: Any) -> None:  # noqa: F
     (patch,) = contract.live_patches(megatron_mtp_postprocess.PATCHES)
     finding = contract.check_contract(patch)
     assert (finding.state, finding.changed) == ("applied", {f"{megatron_mtp_postprocess.GPT}:GPTModel._postprocess"})
+
+
+def test_megatron_expert_bias_on_megatron_core_0_16_1(megatron_release: Any) -> None:  # noqa: F811  (the fixture)
+    megatron_release("0.16.1")
+    (patch,) = contract.live_patches(megatron_expert_bias_fp32.PATCHES)
+    finding = contract.check_contract(patch)
+    target = f"{megatron_expert_bias_fp32.MODULE}:Float16Module.__init__"
+    assert (finding.state, finding.changed) == ("applied", {target})
 
 
 def test_torch_npu_nested_intercept_on_the_stand_in(standin: None) -> None:  # noqa: F811  (the fixture)
