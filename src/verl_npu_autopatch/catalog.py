@@ -45,6 +45,7 @@ FAMILIES: tuple[str, ...] = (
     "torch_npu_nested_tensor_intercept",
     "megatron_mtp_postprocess",
     "megatron_expert_bias_fp32",
+    "verl_distillation_log_prob_floor",
 )
 
 

@@ -20,6 +20,7 @@ from verl_npu_autopatch.patches import (
     torch_npu_nested_tensor_intercept,
     transformers_deepstack,
     verl_defer_duplicates,
+    verl_distillation_log_prob_floor,
     vllm_engine_partial_wake_up,
     vllm_moe,
     vllm_rotary_flash_attn_guard,
@@ -32,6 +33,12 @@ SLEEP = ("self", "offload_tags")
 UNMAP = "forptrinself.pointer_to_data:unmap_and_release(handle)"
 FLOAT16 = "def__init__(self,config,module):"
 F16_PARAMS = ("self", "config", "module")
+ESTIMATOR = "defcompute_distillation_loss_reverse_kl_estimator(config,distillation_config,model_output,data):"
+ESTIMATOR_PARAMS = ("config", "distillation_config", "model_output", "data")
+UNFLOORED = (
+    's=no_padding_2_padding(model_output["log_probs"],data)t=no_padding_2_padding(data["teacher_logprobs"],data)'
+    "l=kl_penalty(logprob=student_log_probs,ref_logprob=teacher_log_probs)"
+)
 POSTPROCESS = "def_postprocess(self,hidden_states,labels):"
 SYNC_09 = "def_sync_all(self):ifself._has_cuda:torch.cuda.synchronize()elifself._has_mps:torch.mps.synchronize()"
 WAKE = (
@@ -96,6 +103,25 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "expert bias: other parameters": (
         lambda: megatron_expert_bias_fp32.float16_rule(Code("def__init__(self,m):m.half()", ("self", "m"))),
+        "unsupported",
+    ),
+    # verl.distillation_log_prob_floor
+    "distillation: 0.9.1 unfloored": (
+        lambda: verl_distillation_log_prob_floor.estimator_rule(Code(f"{ESTIMATOR}{UNFLOORED}", ESTIMATOR_PARAMS)),
+        "apply",
+    ),
+    "distillation: PR 7333 floor": (
+        lambda: verl_distillation_log_prob_floor.estimator_rule(
+            Code(f"{ESTIMATOR}{UNFLOORED}ifloss_config.log_prob_min_clampisnotNone:x=1", ESTIMATOR_PARAMS)
+        ),
+        "fixed-upstream",
+    ),
+    "distillation: another body": (
+        lambda: verl_distillation_log_prob_floor.estimator_rule(Code(f"{ESTIMATOR}return0", ESTIMATOR_PARAMS)),
+        "unsupported",
+    ),
+    "distillation: other parameters": (
+        lambda: verl_distillation_log_prob_floor.estimator_rule(Code(UNFLOORED, ("config", "data"))),
         "unsupported",
     ),
     # megatron.mtp_postprocess
