@@ -46,6 +46,7 @@ FAMILIES: tuple[str, ...] = (
     "megatron_mtp_postprocess",
     "megatron_expert_bias_fp32",
     "verl_distillation_log_prob_floor",
+    "verl_npu_version_probe",
 )
 
 

@@ -21,6 +21,7 @@ from verl_npu_autopatch.patches import (
     transformers_deepstack,
     verl_defer_duplicates,
     verl_distillation_log_prob_floor,
+    verl_npu_version_probe,
     vllm_engine_partial_wake_up,
     vllm_moe,
     vllm_rotary_flash_attn_guard,
@@ -39,6 +40,7 @@ UNFLOORED = (
     's=no_padding_2_padding(model_output["log_probs"],data)t=no_padding_2_padding(data["teacher_logprobs"],data)'
     "l=kl_penalty(logprob=student_log_probs,ref_logprob=teacher_log_probs)"
 )
+PROBE = "defget_npu_versions():result=subprocess.run("
 POSTPROCESS = "def_postprocess(self,hidden_states,labels):"
 SYNC_09 = "def_sync_all(self):ifself._has_cuda:torch.cuda.synchronize()elifself._has_mps:torch.mps.synchronize()"
 WAKE = (
@@ -122,6 +124,19 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "distillation: other parameters": (
         lambda: verl_distillation_log_prob_floor.estimator_rule(Code(UNFLOORED, ("config", "data"))),
+        "unsupported",
+    ),
+    # verl.npu_version_probe
+    "npu probe: card 1": (
+        lambda: verl_npu_version_probe.probe_rule(Code(f"{PROBE}{verl_npu_version_probe.CARD_ONE}", ())),
+        "apply",
+    ),
+    "npu probe: reads the mapping": (
+        lambda: verl_npu_version_probe.probe_rule(Code(f'{PROBE}m=run(["npu-smi","info","-m"])', ())),
+        "fixed-upstream",
+    ),
+    "npu probe: another probe": (
+        lambda: verl_npu_version_probe.probe_rule(Code(f'{PROBE}run(["npu-smi","info"])', ())),
         "unsupported",
     ),
     # megatron.mtp_postprocess
@@ -308,3 +323,12 @@ def test_liger_rebound_names_reads_each_switchs_branches() -> None:
         "swiglu": {"ToyMLP"},
         "rms_norm": {"ToyRMSNorm"},
     }
+
+
+def test_the_first_card_is_the_first_npu_id_with_a_logical_chip() -> None:
+    header = "\tNPU ID  Chip ID  Chip Logic ID  Chip Name\n"
+    a3 = header + "\t2  0  0  Ascend 910_9392\n\t2  1  1  Ascend 910_9392\n\t2  2  -  Mcu\n"
+    mcu_first = header + "\t4  1  -  Mcu\n\t5  0  1  Ascend 910B1\n"
+    assert verl_npu_version_probe.first_card(a3) == 2
+    assert verl_npu_version_probe.first_card(mcu_first) == 5
+    assert verl_npu_version_probe.first_card("Software Version : 25.5.0\n") is None

@@ -12,11 +12,13 @@ from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: 
 from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
 from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
 from tests.verl.test_verl_distillation_log_prob_floor import ESTIMATOR_NAMES, verl_losses  # noqa: F401  (fixture)
+from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)
 from verl_npu_autopatch.patches import (
     megatron_expert_bias_fp32,
     megatron_mtp_postprocess,
     torch_npu_nested_tensor_intercept,
     verl_distillation_log_prob_floor,
+    verl_npu_version_probe,
 )
 from verl_npu_autopatch.spec import Patch
 
@@ -54,6 +56,13 @@ def test_verl_distillation_floor_on_verl_0_9_1(verl_losses: Any) -> None:  # noq
     module = verl_distillation_log_prob_floor.MODULE
     entries = {f"{module}:DISTILLATION_LOSS_REGISTRY[{name}]" for name in ESTIMATOR_NAMES}
     assert (finding.state, finding.changed) == ("applied", {f"{module}:{patch.targets[0].qualname}", *entries})
+
+
+def test_verl_npu_version_probe_on_verl_0_9_1(verl_device: Any) -> None:  # noqa: F811  (the fixture)
+    verl_device("0.9.1")
+    (patch,) = contract.live_patches(verl_npu_version_probe.PATCHES)
+    finding = contract.check_contract(patch)
+    assert (finding.state, finding.changed) == ("applied", {f"{verl_npu_version_probe.MODULE}:get_npu_versions"})
 
 
 def test_torch_npu_nested_intercept_on_the_stand_in(standin: None) -> None:  # noqa: F811  (the fixture)
