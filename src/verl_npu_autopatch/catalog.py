@@ -47,6 +47,7 @@ FAMILIES: tuple[str, ...] = (
     "megatron_expert_bias_fp32",
     "verl_distillation_log_prob_floor",
     "verl_npu_version_probe",
+    "verl_checkpoint_send_reoffload",
 )
 
 

@@ -19,6 +19,7 @@ from verl_npu_autopatch.patches import (
     tensordict_npu_sync,
     torch_npu_nested_tensor_intercept,
     transformers_deepstack,
+    verl_checkpoint_send_reoffload,
     verl_defer_duplicates,
     verl_distillation_log_prob_floor,
     verl_npu_version_probe,
@@ -41,6 +42,12 @@ UNFLOORED = (
     "l=kl_penalty(logprob=student_log_probs,ref_logprob=teacher_log_probs)"
 )
 PROBE = "defget_npu_versions():result=subprocess.run("
+UPDATE = 'asyncdefupdate_weights(self,global_steps=None,mode="auto"):ifeffective_mode!="naive":'
+SEND = (
+    "per_tensor_param,_=self.actor.engine.get_per_tensor_param()"
+    "awaitself.checkpoint_engine.send_weights(per_tensor_param)"
+)
+NAIVE = 'awaitself.rollout.update_weights(p)ifself.actor.engine.is_param_offload_enabled:self.actor.engine.to("cpu")'
 POSTPROCESS = "def_postprocess(self,hidden_states,labels):"
 SYNC_09 = "def_sync_all(self):ifself._has_cuda:torch.cuda.synchronize()elifself._has_mps:torch.mps.synchronize()"
 WAKE = (
@@ -137,6 +144,25 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "npu probe: another probe": (
         lambda: verl_npu_version_probe.probe_rule(Code(f'{PROBE}run(["npu-smi","info"])', ())),
+        "unsupported",
+    ),
+    # verl.checkpoint_send_reoffload
+    "reoffload: 0.9.1 send then return": (
+        lambda: verl_checkpoint_send_reoffload.reoffload_rule(Code(f"{UPDATE}{SEND}returnmetricsor{{}}{NAIVE}", None)),
+        "apply",
+    ),
+    "reoffload: 0.8.0 bare return": (
+        lambda: verl_checkpoint_send_reoffload.reoffload_rule(Code(f"{UPDATE}{SEND}return{NAIVE}", None)),
+        "apply",
+    ),
+    "reoffload: PR 7631": (
+        lambda: verl_checkpoint_send_reoffload.reoffload_rule(
+            Code(f'{UPDATE}{SEND}ifself.actor.engine.is_param_offload_enabled:self.actor.engine.to("cpu")return', None)
+        ),
+        "fixed-upstream",
+    ),
+    "reoffload: no checkpoint-engine send": (
+        lambda: verl_checkpoint_send_reoffload.reoffload_rule(Code(f"{UPDATE}{NAIVE}", None)),
         "unsupported",
     ),
     # megatron.mtp_postprocess

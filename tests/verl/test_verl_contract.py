@@ -11,12 +11,14 @@ from tests.support import contract
 from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: F401  (fixture)
 from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
 from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
+from tests.verl.test_verl_checkpoint_send_reoffload import verl_workers  # noqa: F401  (fixture)
 from tests.verl.test_verl_distillation_log_prob_floor import ESTIMATOR_NAMES, verl_losses  # noqa: F401  (fixture)
 from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)
 from verl_npu_autopatch.patches import (
     megatron_expert_bias_fp32,
     megatron_mtp_postprocess,
     torch_npu_nested_tensor_intercept,
+    verl_checkpoint_send_reoffload,
     verl_distillation_log_prob_floor,
     verl_npu_version_probe,
 )
@@ -63,6 +65,14 @@ def test_verl_npu_version_probe_on_verl_0_9_1(verl_device: Any) -> None:  # noqa
     (patch,) = contract.live_patches(verl_npu_version_probe.PATCHES)
     finding = contract.check_contract(patch)
     assert (finding.state, finding.changed) == ("applied", {f"{verl_npu_version_probe.MODULE}:get_npu_versions"})
+
+
+def test_verl_checkpoint_send_reoffload_on_verl_0_9_1(verl_workers: Any) -> None:  # noqa: F811  (the fixture)
+    verl_workers("0.9.1")
+    (patch,) = contract.live_patches(verl_checkpoint_send_reoffload.PATCHES)
+    finding = contract.check_contract(patch)
+    target = f"{verl_checkpoint_send_reoffload.MODULE}:ActorRolloutRefWorker.update_weights"
+    assert (finding.state, finding.changed) == ("applied", {target})
 
 
 def test_torch_npu_nested_intercept_on_the_stand_in(standin: None) -> None:  # noqa: F811  (the fixture)
