@@ -54,3 +54,12 @@ def release_package(project: str, version: str) -> Path:
         archive.extractall(root, [n for n in archive.namelist() if n.endswith(".py")])
     done.write_text(artifact.filename + "\n")
     return root
+
+
+def verl_files(version: str) -> Path:
+    """Every ``verl/**.py`` of a verl release's wheel (downloaded once, sha256-checked)."""
+    script = upstream.matrix_script()
+    try:
+        return script.verl_root(script.Artifact("verl", version, f"verl-{version}-py3-none-any.whl"))
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download verl {version} from PyPI: {exc}")

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support import upstream
-from tests.verl.helpers import record, start
-from tests.verl.test_verl_distillation_log_prob_floor import verl_files
+from tests.verl.helpers import record, start, verl_files
 from verl_npu_autopatch.patches import verl_checkpoint_send_reoffload as reoffload
 
 NAME = "verl.checkpoint_send_reoffload"

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from tests.support import upstream
-from tests.verl.helpers import record, start
+from tests.verl.helpers import record, start, verl_files
 from verl_npu_autopatch.patches import verl_distillation_log_prob_floor as floor_patch
 
 NAME = "verl.distillation_log_prob_floor"
@@ -25,14 +25,6 @@ LOSSES = floor_patch.MODULE
 #: The names verl 0.9.1 registers the estimator under.
 ESTIMATOR_NAMES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 INF = float("inf")
-
-
-def verl_files(version: str) -> Path:
-    script = upstream.matrix_script()
-    try:
-        return script.verl_root(script.Artifact("verl", version, f"verl-{version}-py3-none-any.whl"))
-    except OSError as exc:  # only when PyPI truly cannot be reached
-        pytest.skip(f"cannot download verl {version} from PyPI: {exc}")
 
 
 def _losses_module(root: Path) -> types.ModuleType:
