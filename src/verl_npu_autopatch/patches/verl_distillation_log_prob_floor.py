@@ -27,7 +27,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, params_mismatch
+from verl_npu_autopatch.patches._family import code_check, judged
+from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
 from verl_npu_autopatch.patching import chain, replace_method, set_entry
 from verl_npu_autopatch.spec import (
     APPLY,
@@ -97,13 +98,7 @@ def _fix(site: Site) -> Undo:
     return chain(undo, *(set_entry(table, key, installed) for key in keys))
 
 
-def _check(site: Site) -> Verdict:
-    return estimator_rule(Code.live(site.value))
-
-
-def _static(tree: UpstreamTree) -> Verdict:
-    return tree.judge(MODULE, FUNCTION, estimator_rule)
-
+TARGET = Target.parse(f"{MODULE}:{FUNCTION}")
 
 PATCHES = [
     Patch(
@@ -111,10 +106,10 @@ PATCHES = [
         summary="verl's reverse-KL estimator distillation loss floors -inf log-probs at log_prob_min_clamp (no NaN).",
         reference="https://github.com/verl-project/verl/pull/7333",
         groups=("verl", "distillation"),
-        targets=(Target.parse(f"{MODULE}:{FUNCTION}"),),
+        targets=(TARGET,),
         computed=(ComputedSites(MODULE, f"{REGISTRY}[<estimator loss name>]", registry_sites),),
-        check=_check,
+        check=code_check(estimator_rule),
         fix=_fix,
-        static=StaticRule(_static, reads=("verl/trainer/distillation/losses.py",)),
+        static=StaticRule(judged(TARGET, estimator_rule), reads=("verl/trainer/distillation/losses.py",)),
     ),
 ]
