@@ -11,10 +11,10 @@ from compat_matrix.fetch import CACHE, Artifact, extract
 from compat_matrix.table import STATE_TEXT, Rows, Section, read_files, static_patches, static_rows
 
 # ----------------------------------------------------------------------------- verl runtime fixes
-# tensordict / torch_npu / megatron-core patches, one release list per project (self-contained).
+# tensordict / torch_npu / megatron-core / verl patches, one release list per project (self-contained).
 #: Project → the package it installs; a patch whose static rule reads that package's files is decided
 #: on the project's releases.
-RUNTIME_PACKAGES = {"tensordict": "tensordict", "torch-npu": "torch_npu", "megatron-core": "megatron"}
+RUNTIME_PACKAGES = {"tensordict": "tensordict", "torch-npu": "torch_npu", "megatron-core": "megatron", "verl": "verl"}
 
 
 def runtime_files(project: str) -> tuple[str, ...]:
@@ -41,8 +41,9 @@ RUNTIME_RELEASES: tuple[Artifact, ...] = (
     ),
     *(
         Artifact("megatron-core", v, f"megatron_core-{v}-{_MEGATRON_TAG}.whl")
-        for v in ("0.15.3", "0.16.0", "0.16.1", "0.17.0rc0", "0.17.0", "0.19.2")
+        for v in ("0.12.1", "0.13.1", "0.14.0", "0.15.3", "0.16.0", "0.16.1", "0.17.0rc0", "0.17.0", "0.19.2")
     ),
+    *(Artifact("verl", v, f"verl-{v}-py3-none-any.whl") for v in ("0.8.0", "0.9.0", "0.9.1")),
 )
 
 
@@ -79,6 +80,7 @@ RUNTIME_SECTIONS: list[Section] = [
         ("cp311-cp311-manylinux_2_28_x86_64.whl", "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"),
     ),
     _runtime_section("megatron-core", (f"{_MEGATRON_TAG}.whl", "py3-none-any.whl")),
+    _runtime_section("verl", ("py3-none-any.whl",)),
 ]
 
 
@@ -97,8 +99,9 @@ def render_runtime(rows: list[tuple[str, str, list[tuple[str, str, str]]]]) -> s
         "",
         "## tensordict, torch_npu and megatron-core",
         "",
-        "The same for the patches of verl's other NPU runtime fixes, each against the releases of the",
-        "one project it patches (wheels from PyPI, sha256-checked, read with `ast`, never installed).",
+        "The same for the patches of verl's other NPU runtime fixes (and of fixes to verl's own code),",
+        "each against the releases of the one project it patches (wheels from PyPI, sha256-checked,",
+        "read with `ast`, never installed).",
         "",
     ]
     for project, name, cells in rows:

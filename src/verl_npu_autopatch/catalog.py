@@ -44,6 +44,10 @@ FAMILIES: tuple[str, ...] = (
     "tensordict_npu_sync",
     "torch_npu_nested_tensor_intercept",
     "megatron_mtp_postprocess",
+    "megatron_expert_bias_fp32",
+    "verl_distillation_log_prob_floor",
+    "verl_npu_version_probe",
+    "verl_checkpoint_send_reoffload",
 )
 
 

@@ -19,7 +19,7 @@ def tables(releases) -> dict:
 def test_committed_table_is_current(tables):
     script = upstream.matrix_script()
     committed = script.DOC.read_text(encoding="utf-8")
-    runtime = script.compute_runtime()  # the tensordict / torch_npu / megatron-core section
+    runtime = script.compute_runtime()  # the tensordict / torch_npu / megatron-core / verl section
     document = script.render(tables) + script.render_runtime(runtime) + script.VERL.render()
     assert document == committed, "stale: run python3 scripts/compat-matrix --write"
     rows = tables[script.ASCEND.title]
@@ -217,7 +217,8 @@ def test_every_section_is_watched():
         "tensordict",
         "torch-npu",
         "megatron-core",
-        "verl",
+        "verl",  # fixes to verl's own code
+        "verl",  # verl's NPU runtime patch sites
     ]
     assert all(s.columns for s in script.WATCHED)
 

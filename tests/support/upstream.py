@@ -29,6 +29,10 @@ def load_file(path: Path, name: str) -> types.ModuleType:
     return module
 
 
+#: Function definitions a subset keeps (``async def`` methods too).
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
 def _builtin_decorator(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id in ("staticmethod", "classmethod")
 
@@ -51,11 +55,11 @@ def load_subset(
             body.append(node)
         elif isinstance(node, ast.ClassDef) and node.name in classes:
             keep = classes[node.name]
-            node.body = [item for item in node.body if isinstance(item, ast.FunctionDef) and item.name in keep] or [
+            node.body = [item for item in node.body if isinstance(item, DEFS) and item.name in keep] or [
                 ast.Pass(lineno=node.lineno, col_offset=0)
             ]
             for item in node.body:
-                if isinstance(item, ast.FunctionDef):  # keep @staticmethod / @classmethod only
+                if isinstance(item, DEFS):  # keep @staticmethod / @classmethod only
                     item.decorator_list = [d for d in item.decorator_list if _builtin_decorator(d)]
             node.bases = [b for b in node.bases if isinstance(b, ast.Name) and b.id in classes]
             node.keywords, node.decorator_list = [], []

@@ -14,11 +14,15 @@ from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
     ascend_routed_experts_capture,
     liger_arbitration,
+    megatron_expert_bias_fp32,
     megatron_mtp_postprocess,
     tensordict_npu_sync,
     torch_npu_nested_tensor_intercept,
     transformers_deepstack,
+    verl_checkpoint_send_reoffload,
     verl_defer_duplicates,
+    verl_distillation_log_prob_floor,
+    verl_npu_version_probe,
     vllm_engine_partial_wake_up,
     vllm_moe,
     vllm_rotary_flash_attn_guard,
@@ -29,6 +33,21 @@ from verl_npu_autopatch.spec import Verdict
 
 SLEEP = ("self", "offload_tags")
 UNMAP = "forptrinself.pointer_to_data:unmap_and_release(handle)"
+FLOAT16 = "def__init__(self,config,module):"
+F16_PARAMS = ("self", "config", "module")
+ESTIMATOR = "defcompute_distillation_loss_reverse_kl_estimator(config,distillation_config,model_output,data):"
+ESTIMATOR_PARAMS = ("config", "distillation_config", "model_output", "data")
+UNFLOORED = (
+    's=no_padding_2_padding(model_output["log_probs"],data)t=no_padding_2_padding(data["teacher_logprobs"],data)'
+    "l=kl_penalty(logprob=student_log_probs,ref_logprob=teacher_log_probs)"
+)
+PROBE = "defget_npu_versions():result=subprocess.run("
+UPDATE = 'asyncdefupdate_weights(self,global_steps=None,mode="auto"):ifeffective_mode!="naive":'
+SEND = (
+    "per_tensor_param,_=self.actor.engine.get_per_tensor_param()"
+    "awaitself.checkpoint_engine.send_weights(per_tensor_param)"
+)
+NAIVE = 'awaitself.rollout.update_weights(p)ifself.actor.engine.is_param_offload_enabled:self.actor.engine.to("cpu")'
 POSTPROCESS = "def_postprocess(self,hidden_states,labels):"
 SYNC_09 = "def_sync_all(self):ifself._has_cuda:torch.cuda.synchronize()elifself._has_mps:torch.mps.synchronize()"
 WAKE = (
@@ -76,6 +95,76 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "camem: other parameters": (lambda: ascend_camem_sleep_sync.camem_rule(Code(UNMAP, ("self",))), "unsupported"),
     "camem: no unmap": (lambda: ascend_camem_sleep_sync.camem_rule(Code("defsleep():pass", SLEEP)), "unsupported"),
+    # megatron.expert_bias_fp32
+    "expert bias: bf16 cast": (
+        lambda: megatron_expert_bias_fp32.float16_rule(Code(f"{FLOAT16}ifself.fp16:m=module.half()", F16_PARAMS)),
+        "apply",
+    ),
+    "expert bias: keeps it": (
+        lambda: megatron_expert_bias_fp32.float16_rule(
+            Code(f"{FLOAT16}m=module.bfloat16()keep(module,'expert_bias')", F16_PARAMS)
+        ),
+        "fixed-upstream",
+    ),
+    "expert bias: no cast": (
+        lambda: megatron_expert_bias_fp32.float16_rule(Code(f"{FLOAT16}m=module.to(dtype)", F16_PARAMS)),
+        "unsupported",
+    ),
+    "expert bias: other parameters": (
+        lambda: megatron_expert_bias_fp32.float16_rule(Code("def__init__(self,m):m.half()", ("self", "m"))),
+        "unsupported",
+    ),
+    # verl.distillation_log_prob_floor
+    "distillation: 0.9.1 unfloored": (
+        lambda: verl_distillation_log_prob_floor.estimator_rule(Code(f"{ESTIMATOR}{UNFLOORED}", ESTIMATOR_PARAMS)),
+        "apply",
+    ),
+    "distillation: PR 7333 floor": (
+        lambda: verl_distillation_log_prob_floor.estimator_rule(
+            Code(f"{ESTIMATOR}{UNFLOORED}ifloss_config.log_prob_min_clampisnotNone:x=1", ESTIMATOR_PARAMS)
+        ),
+        "fixed-upstream",
+    ),
+    "distillation: another body": (
+        lambda: verl_distillation_log_prob_floor.estimator_rule(Code(f"{ESTIMATOR}return0", ESTIMATOR_PARAMS)),
+        "unsupported",
+    ),
+    "distillation: other parameters": (
+        lambda: verl_distillation_log_prob_floor.estimator_rule(Code(UNFLOORED, ("config", "data"))),
+        "unsupported",
+    ),
+    # verl.npu_version_probe
+    "npu probe: card 1": (
+        lambda: verl_npu_version_probe.probe_rule(Code(f"{PROBE}{verl_npu_version_probe.CARD_ONE}", ())),
+        "apply",
+    ),
+    "npu probe: reads the mapping": (
+        lambda: verl_npu_version_probe.probe_rule(Code(f'{PROBE}m=run(["npu-smi","info","-m"])', ())),
+        "fixed-upstream",
+    ),
+    "npu probe: another probe": (
+        lambda: verl_npu_version_probe.probe_rule(Code(f'{PROBE}run(["npu-smi","info"])', ())),
+        "unsupported",
+    ),
+    # verl.checkpoint_send_reoffload
+    "reoffload: 0.9.1 send then return": (
+        lambda: verl_checkpoint_send_reoffload.reoffload_rule(Code(f"{UPDATE}{SEND}returnmetricsor{{}}{NAIVE}", None)),
+        "apply",
+    ),
+    "reoffload: 0.8.0 bare return": (
+        lambda: verl_checkpoint_send_reoffload.reoffload_rule(Code(f"{UPDATE}{SEND}return{NAIVE}", None)),
+        "apply",
+    ),
+    "reoffload: PR 7631": (
+        lambda: verl_checkpoint_send_reoffload.reoffload_rule(
+            Code(f'{UPDATE}{SEND}ifself.actor.engine.is_param_offload_enabled:self.actor.engine.to("cpu")return', None)
+        ),
+        "fixed-upstream",
+    ),
+    "reoffload: no checkpoint-engine send": (
+        lambda: verl_checkpoint_send_reoffload.reoffload_rule(Code(f"{UPDATE}{NAIVE}", None)),
+        "unsupported",
+    ),
     # megatron.mtp_postprocess
     "mtp: 0.16 not-None guard": (
         lambda: megatron_mtp_postprocess.postprocess_rule(
@@ -260,3 +349,12 @@ def test_liger_rebound_names_reads_each_switchs_branches() -> None:
         "swiglu": {"ToyMLP"},
         "rms_norm": {"ToyRMSNorm"},
     }
+
+
+def test_the_first_card_is_the_first_npu_id_with_a_logical_chip() -> None:
+    header = "\tNPU ID  Chip ID  Chip Logic ID  Chip Name\n"
+    a3 = header + "\t2  0  0  Ascend 910_9392\n\t2  1  1  Ascend 910_9392\n\t2  2  -  Mcu\n"
+    mcu_first = header + "\t4  1  -  Mcu\n\t5  0  1  Ascend 910B1\n"
+    assert verl_npu_version_probe.first_card(a3) == 2
+    assert verl_npu_version_probe.first_card(mcu_first) == 5
+    assert verl_npu_version_probe.first_card("Software Version : 25.5.0\n") is None

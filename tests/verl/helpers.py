@@ -33,3 +33,33 @@ def record(engine: Engine, name: str) -> tuple[str, str]:
     """``(state, reason)`` of patch ``name``."""
     found = {r.name: r for r in engine.report().records}[name]
     return found.state, found.reason
+
+
+def release_package(project: str, version: str) -> Path:
+    """A folder holding every Python file of a release's wheel (the decision table's list; downloaded
+    once, sha256-checked), to put on ``sys.path`` and import the release itself from."""
+    script = upstream.matrix_script()
+    (artifact,) = [a for a in script.RUNTIME_RELEASES if a.project == project and a.version == version]
+    root = script.CACHE / "packages" / f"{project}-{version}"
+    done = root / ".extracted"
+    if done.exists():
+        return root
+    try:
+        wheel = script.download(artifact)
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download {artifact.filename} from PyPI: {exc}")
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(root, [n for n in archive.namelist() if n.endswith(".py")])
+    done.write_text(artifact.filename + "\n")
+    return root
+
+
+def verl_files(version: str) -> Path:
+    """Every ``verl/**.py`` of a verl release's wheel (downloaded once, sha256-checked)."""
+    script = upstream.matrix_script()
+    try:
+        return script.verl_root(script.Artifact("verl", version, f"verl-{version}-py3-none-any.whl"))
+    except OSError as exc:  # only when PyPI truly cannot be reached
+        pytest.skip(f"cannot download verl {version} from PyPI: {exc}")

@@ -8,9 +8,20 @@ from typing import Any
 import pytest
 
 from tests.support import contract
+from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: F401  (fixture)
 from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
 from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
-from verl_npu_autopatch.patches import megatron_mtp_postprocess, torch_npu_nested_tensor_intercept
+from tests.verl.test_verl_checkpoint_send_reoffload import verl_workers  # noqa: F401  (fixture)
+from tests.verl.test_verl_distillation_log_prob_floor import ESTIMATOR_NAMES, verl_losses  # noqa: F401  (fixture)
+from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)
+from verl_npu_autopatch.patches import (
+    megatron_expert_bias_fp32,
+    megatron_mtp_postprocess,
+    torch_npu_nested_tensor_intercept,
+    verl_checkpoint_send_reoffload,
+    verl_distillation_log_prob_floor,
+    verl_npu_version_probe,
+)
 from verl_npu_autopatch.spec import Patch
 
 LIVE = contract.live_patches()
@@ -30,6 +41,38 @@ def test_megatron_mtp_on_megatron_core_0_16_1(megatron: Any) -> None:  # noqa: F
     (patch,) = contract.live_patches(megatron_mtp_postprocess.PATCHES)
     finding = contract.check_contract(patch)
     assert (finding.state, finding.changed) == ("applied", {f"{megatron_mtp_postprocess.GPT}:GPTModel._postprocess"})
+
+
+def test_megatron_expert_bias_on_megatron_core_0_16_1(megatron_release: Any) -> None:  # noqa: F811  (the fixture)
+    megatron_release("0.16.1")
+    (patch,) = contract.live_patches(megatron_expert_bias_fp32.PATCHES)
+    finding = contract.check_contract(patch)
+    target = f"{megatron_expert_bias_fp32.MODULE}:Float16Module.__init__"
+    assert (finding.state, finding.changed) == ("applied", {target})
+
+
+def test_verl_distillation_floor_on_verl_0_9_1(verl_losses: Any) -> None:  # noqa: F811  (the fixture)
+    verl_losses("0.9.1")
+    (patch,) = contract.live_patches(verl_distillation_log_prob_floor.PATCHES)
+    finding = contract.check_contract(patch)
+    module = verl_distillation_log_prob_floor.MODULE
+    entries = {f"{module}:DISTILLATION_LOSS_REGISTRY[{name}]" for name in ESTIMATOR_NAMES}
+    assert (finding.state, finding.changed) == ("applied", {f"{module}:{patch.targets[0].qualname}", *entries})
+
+
+def test_verl_npu_version_probe_on_verl_0_9_1(verl_device: Any) -> None:  # noqa: F811  (the fixture)
+    verl_device("0.9.1")
+    (patch,) = contract.live_patches(verl_npu_version_probe.PATCHES)
+    finding = contract.check_contract(patch)
+    assert (finding.state, finding.changed) == ("applied", {f"{verl_npu_version_probe.MODULE}:get_npu_versions"})
+
+
+def test_verl_checkpoint_send_reoffload_on_verl_0_9_1(verl_workers: Any) -> None:  # noqa: F811  (the fixture)
+    verl_workers("0.9.1")
+    (patch,) = contract.live_patches(verl_checkpoint_send_reoffload.PATCHES)
+    finding = contract.check_contract(patch)
+    target = f"{verl_checkpoint_send_reoffload.MODULE}:ActorRolloutRefWorker.update_weights"
+    assert (finding.state, finding.changed) == ("applied", {target})
 
 
 def test_torch_npu_nested_intercept_on_the_stand_in(standin: None) -> None:  # noqa: F811  (the fixture)
