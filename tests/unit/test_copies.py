@@ -123,6 +123,7 @@ def test_the_contract_fails_a_fix_that_leaves_a_copy_behind(
 
 
 def test_copies_are_shown_and_only_module_level_targets_may_declare_them() -> None:
-    assert cli.touches(PATCH)[-1] == f"also rebinds copies of the target taken by `from ... import` in {PACKAGE}.*"
+    assert cli.touches(PATCH)[-1] == f"also changes {PACKAGE}.*:<copies of the target> (found in the live modules)"
+    assert cli._markdown_site(cli.touches(PATCH)[-1]).startswith(f"also changes `{PACKAGE}.*:<copies of the target>` (")
     with pytest.raises(ValueError, match="module-level targets only"):
         Patch("test.bad", "A method has no copies.", (Target(SOURCE, "Cls.meth"),), _fix, copies=(PACKAGE,))

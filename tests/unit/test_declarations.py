@@ -130,7 +130,7 @@ def test_ascend_capture_declares_its_trigger_and_marks_what_it_installs() -> Non
 
 def test_every_static_rule_is_on_its_patch_and_no_family_keeps_a_table() -> None:
     statics = {p.name.partition(".")[0] for p in catalog.builtin() if p.static is not None}
-    assert statics == {"vllm", "ascend", "tensordict", "torch_npu", "megatron"}  # the decision table's rows
+    assert statics == {"vllm", "ascend", "tensordict", "torch_npu", "megatron", "verl"}  # the decision table's rows
     for module in catalog.families():
         assert not hasattr(module, "STATIC") and not hasattr(module, "NOTES"), module.__name__
     assert ascend_routed_experts_capture.PATCHES[0].static.note is not None

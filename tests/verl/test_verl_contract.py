@@ -10,7 +10,8 @@ import pytest
 from tests.support import contract
 from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
 from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
-from verl_npu_autopatch.patches import megatron_mtp_postprocess, torch_npu_nested_tensor_intercept
+from tests.verl.test_verl_3d_position_ids import verl  # noqa: F401  (fixture)
+from verl_npu_autopatch.patches import megatron_mtp_postprocess, torch_npu_nested_tensor_intercept, verl_3d_position_ids
 from verl_npu_autopatch.spec import Patch
 
 LIVE = contract.live_patches()
@@ -39,3 +40,13 @@ def test_torch_npu_nested_intercept_on_the_stand_in(standin: None) -> None:  # n
     finding = contract.check_contract(patch)
     functions = {f"torch_npu:torch.nested.{name}" for name in torch_npu_nested_tensor_intercept.FUNCTIONS}
     assert (finding.state, finding.changed) == ("applied", functions)
+
+
+def test_verl_3d_position_ids_on_verl_0_9_1(verl: Any) -> None:  # noqa: F811  (the fixture)
+    """The release's ``tensordict_utils`` and the copies its engine modules take of the function."""
+    verl("0.9.1")
+    (patch,) = contract.live_patches(verl_3d_position_ids.PATCHES)
+    finding = contract.check_contract(patch)
+    name = verl_3d_position_ids.FUNCTION
+    copies = {f"{module}:{name}" for module in verl_3d_position_ids.COPIERS}
+    assert (finding.state, finding.changed) == ("applied", {f"{verl_3d_position_ids.MODULE}:{name}", *copies})
