@@ -13,6 +13,8 @@ re-verification and the contract check them.
 from __future__ import annotations
 
 import sys
+from itertools import repeat
+from operator import is_
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,19 +29,23 @@ __all__ = ["holders", "rebind", "sites", "within"]
 
 def within(name: str, packages: tuple[str, ...]) -> bool:
     """Whether module ``name`` is one of ``packages`` or inside one."""
-    return any(name == p or name.startswith(p + ".") for p in packages)
+    return name in packages or name.startswith(tuple(f"{p}." for p in packages))
 
 
 def holders(packages: tuple[str, ...]) -> list[ModuleType]:
     """The imported modules of ``packages`` (a snapshot of ``sys.modules``)."""
-    return [m for n, m in list(sys.modules.items()) if within(n, packages) and m is not None]
+    inside = tuple(f"{p}." for p in packages)
+    return [m for n, m in list(sys.modules.items()) if (n in packages or n.startswith(inside)) and m is not None]
 
 
 def _globals_holding(packages: tuple[str, ...], value: Any, skip: str) -> Iterator[tuple[ModuleType, str]]:
     """``(module, global name)`` of every global in the imported modules of ``packages`` that is
     ``value`` itself, except ``skip`` (``module:name``, the target)."""
     for module in holders(packages):
-        for name, held in list(getattr(module, "__dict__", {}).items()):
+        namespace = getattr(module, "__dict__", {})
+        if not any(map(is_, list(namespace.values()), repeat(value))):  # at C speed: most modules hold none
+            continue
+        for name, held in list(namespace.items()):
             if held is value and f"{module.__name__}:{name}" != skip:
                 yield module, name
 
