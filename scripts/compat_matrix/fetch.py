@@ -83,11 +83,14 @@ def download(artifact: Artifact, cache: Path = CACHE) -> Path:
 def extract(artifact: Artifact, wanted: tuple[str, ...], cache: Path = CACHE) -> Path:
     """Extract ``wanted`` (package-relative paths) from the artifact into a cached source tree.
 
-    Files the release does not have are simply absent from the tree. Returns the tree's root.
+    Files the release does not have are simply absent from the tree. Returns the tree's root. The
+    tree keeps what earlier calls extracted (verl's runtime rules read a few files of the tree the
+    verl watch extracts whole), so ``.extracted`` lists the union.
     """
     root = cache / "src" / f"{artifact.project}-{artifact.version}"
     done = root / ".extracted"
-    if done.exists() and done.read_text().split() == sorted(wanted):
+    extracted = set(done.read_text().split()) if done.exists() else set()
+    if set(wanted) <= extracted:
         return root
     archive = download(artifact, cache)
     prefix = "" if not artifact.sdist else f"{artifact.filename[: -len('.tar.gz')]}/"
@@ -110,7 +113,7 @@ def extract(artifact: Artifact, wanted: tuple[str, ...], cache: Path = CACHE) ->
         partial.write_bytes(data)
         os.replace(partial, path)  # a new file: a hard-linked copy of the cache keeps its own
     done.parent.mkdir(parents=True, exist_ok=True)
-    done.write_text("\n".join(sorted(wanted)) + "\n")
+    done.write_text("\n".join(sorted(extracted | set(wanted))) + "\n")
     return root
 
 

@@ -1,4 +1,4 @@
-"""The tensordict, torch_npu and megatron-core sections: each runtime patch against the releases
+"""The tensordict, torch_npu, megatron-core and verl sections: each runtime patch against the releases
 of the one project it patches.
 """
 
@@ -94,10 +94,10 @@ def compute_runtime(cache: Path = CACHE) -> list[tuple[str, str, list[tuple[str,
 
 
 def render_runtime(rows: list[tuple[str, str, list[tuple[str, str, str]]]]) -> str:
-    """The section of the document for the tensordict / torch_npu / megatron-core patches."""
+    """The section of the document for the tensordict / torch_npu / megatron-core / verl patches."""
     lines = [
         "",
-        "## tensordict, torch_npu and megatron-core",
+        "## tensordict, torch_npu, megatron-core and verl",
         "",
         "The same for the patches of verl's other NPU runtime fixes (and of fixes to verl's own code),",
         "each against the releases of the one project it patches (wheels from PyPI, sha256-checked,",

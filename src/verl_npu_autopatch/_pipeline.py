@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from verl_npu_autopatch import _environment, ownership
+from verl_npu_autopatch import _copies, _environment, ownership
 from verl_npu_autopatch._resolution import resolve
 from verl_npu_autopatch.patching import describe, marked_by
 
@@ -87,7 +87,7 @@ def run(
             if verdict is not None and verdict.action != "apply":
                 return Outcome(verdict.action, verdict.reason, target, rejected=rejected)
             stage = "fix"
-            undo = patch.fix(site)
+            undo = _copies.rebind(site, patch.fix(site))
             applied = _installed_reason(variants, target, rejected)
             if verdict is not None and verdict.reason:  # e.g. which other owner's callable the fix replaces
                 applied = f"{applied}; {verdict.reason}"

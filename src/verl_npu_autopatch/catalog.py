@@ -41,6 +41,7 @@ FAMILIES: tuple[str, ...] = (
     "ascend_gate_fp32_in_place",
     "vllm_engine_partial_wake_up",
     "verl_defer_duplicates",
+    "verl_3d_position_ids",
     "tensordict_npu_sync",
     "torch_npu_nested_tensor_intercept",
     "megatron_mtp_postprocess",

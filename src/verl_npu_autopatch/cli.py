@@ -67,6 +67,7 @@ def touches(patch: Patch) -> list[str]:
     lines += [f"triggered by {_with_requires(t)}" for t in patch.triggers]
     lines += [f"also changes {t}" for t in patch.secondary]
     lines += [f"also changes {sites} (found in the live module)" for sites in patch.computed]
+    lines += [f"also changes {p}.*:<copies of the target> (found in the live modules)" for p in patch.copies]
     if patch.static is not None:
         lines.append("decision table reads " + ", ".join(patch.static.reads))
     return lines

@@ -6,8 +6,7 @@ the target is only reached through, ``Patch.via``) holds, the record becomes ``y
 of the patch's ``yields_to`` detectors recognises the new owner, else ``superseded`` naming it
 (``module.qualname``), or ``superseded: module reloaded`` when the module was re-executed or
 replaced in ``sys.modules``. :class:`ReloadWatcher` sees ``importlib.reload`` of a patched module
-and fresh imports of a patched module's name (wrapt's post-import hooks fire once per name) so the
-engine can apply the fix again.
+and fresh imports of its name (wrapt's hooks fire once per name): the engine applies the fix again.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
 
+from verl_npu_autopatch import _copies
 from verl_npu_autopatch.patching import ABSENT, marked_by, origin
 from verl_npu_autopatch.spec import Patch, Site, Target
 
@@ -131,7 +131,7 @@ def site_value(module: ModuleType, path: str) -> Any:
 
 def declared_values(patch: Patch) -> dict[str, Any]:
     """Each further site ``patch`` declares (``secondary``, the targets of a patch hooked on its
-    ``triggers``, and ``computed`` from the live module) -> its raw live value, keyed
+    ``triggers``, ``computed`` and ``copies`` found live) -> its raw live value, keyed
     ``module:path``; a site whose module is not imported is left out."""
     values = {}
     for target in (*patch.secondary, *(patch.targets if patch.triggers else ())):
@@ -142,7 +142,7 @@ def declared_values(patch: Patch) -> dict[str, Any]:
         live = sys.modules.get(family.module)
         if live is not None:
             values.update({f"{family.module}:{path}": site_value(live, path) for path in family.find(live)})
-    return values
+    return {**values, **_copies.sites(patch)}
 
 
 def _lookup_in(target: Target, module: ModuleType) -> tuple[Any, Any] | None:

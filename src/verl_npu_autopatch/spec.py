@@ -150,7 +150,10 @@ class Patch:
     engine hooks and resolves the ``Site`` on them instead of on ``targets``; e.g. a package's
     ``__file__``); ``secondary`` are further attributes the fix replaces besides the target,
     ``computed`` further families of them found in the live module (:class:`ComputedSites`);
-    ``static`` is its rule on a release's source for the decision table.
+    ``copies`` names packages whose modules may hold copies of a module-level target taken with
+    ``from ... import`` before the fix: the engine rebinds each to the fix's value, declares them
+    as sites and restores them on revert (``_copies``); ``static`` is its rule on a release's
+    source for the decision table.
 
     ``defined_at`` (``path.py:line``, shown by ``list --json`` and ``status --all``) is filled in
     when the patch is made: the line of the family (or plugin) that made it, past the helpers in
@@ -172,6 +175,7 @@ class Patch:
     triggers: tuple[Target, ...] = ()
     secondary: tuple[Target, ...] = ()
     computed: tuple[ComputedSites, ...] = ()
+    copies: tuple[str, ...] = ()
     static: StaticRule | None = None
     defined_at: str = field(default="", compare=False)
 
@@ -180,6 +184,8 @@ class Patch:
             raise ValueError(f"patch name must be a dotted word, got {self.name!r}")
         if not self.targets:
             raise ValueError(f"patch {self.name} has no targets")
+        if self.copies and any("." in t.qualname for t in self.targets):
+            raise ValueError(f"patch {self.name}: copies are rebound for module-level targets only")
         if self.device not in ("npu-stack", "npu-device", "any"):
             raise ValueError(f"patch {self.name}: unknown device requirement {self.device!r}")
         if not self.defined_at:

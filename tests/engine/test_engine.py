@@ -43,6 +43,22 @@ print(json.dumps([before, autopatch_target.Thing().hello()]))
     assert run_json(base_python, code, env=NPU) == ["upstream", "patched:upstream"]
 
 
+def test_copies_taken_before_activation_are_rebound_and_reverted(base_python: Path) -> None:
+    """``Patch.copies``: a module that ran ``from autopatch_copied import greet`` before the fix
+    calls the fix once the engine applied it, and upstream's function again after revert."""
+    code = """
+import json, autopatch_copier
+before = autopatch_copier.call()
+import vllm  # activates the engine
+import verl_npu_autopatch
+after, record = autopatch_copier.call(), verl_npu_autopatch.report()["fixture.copies"]
+reverted = verl_npu_autopatch.revert("fixture.copies")
+print(json.dumps([before, after, record.state, reverted, autopatch_copier.call()]))
+"""
+    seen = run_json(base_python, code, env={**NPU, "AUTOPATCH_FIXTURE_COPIES": "1"})
+    assert seen == ["upstream", "patched:upstream", "applied", ["fixture.copies"], "upstream"]
+
+
 def test_explicit_activate_without_site(base_python: Path) -> None:
     purelib = run(base_python, "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     code = f"""

@@ -6,8 +6,10 @@ on the real upstream modules, through the engine's own pipeline (``_pipeline.run
 
 1. decide: the check's verdict; anything but ``applied`` must leave every declared module as it was;
 2. fix: the attributes the fix changed (the declared modules and their classes and dict entries,
-   compared by identity before and after) are exactly the declared sites: the variant applied,
-   the ``secondary`` targets and the ``computed`` sites found in the live module;
+   and every imported module of the packages ``copies`` names, compared by identity before and
+   after) are exactly the declared sites: the variant applied, the ``secondary`` targets, the
+   ``computed`` sites found in the live module and the ``copies`` of the target; no module of
+   those packages still holds the value the fix replaced;
 3. marker: every value the fix left at a changed site is marked with the patch's name;
 4. already in place: deciding again changes nothing and installs no second undo;
 5. undo restores exactly: every declared module is again as it was before the fix, value for value;
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from verl_npu_autopatch import _gates, _pipeline, catalog
+from verl_npu_autopatch import _copies, _gates, _pipeline, catalog
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.ownership import THROUGH_TARGET, declared_values
 from verl_npu_autopatch.patching import marked_by
@@ -80,6 +82,7 @@ def live_patches(patches: Iterable[Patch] | None = None) -> list[Patch]:
 
 def _declared_modules(patch: Patch) -> list[ModuleType]:
     names = [t.module for t in (*patch.hooks, *patch.targets, *patch.secondary)] + [c.module for c in patch.computed]
+    names += [m.__name__ for m in _copies.holders(patch.copies)]
     return [importlib.import_module(n) for n in dict.fromkeys(names) if _imports(n)]
 
 
@@ -167,6 +170,10 @@ def check_contract(patch: Patch) -> Finding:
         assert touched == declared(patch, first.target, first.undo), f"{patch.name}: changed {sorted(touched)}"
         unmarked = sorted(p for p in touched if _marked(installed.get(p)) != patch.name)
         assert not unmarked, f"{patch.name}: left unmarked values at {unmarked}"
+        replaced = before.get(str(first.target))
+        copies = [p for p in installed if _copies.within(p.partition(":")[0], patch.copies)]
+        stale = sorted(p for p in copies if installed[p] is replaced)
+        assert replaced is None or not stale, f"{patch.name}: copies of the replaced value left at {stale}"
         if not getattr(first.undo, THROUGH_TARGET, False):  # else the target holds no mark to find
             again = _run(patch)
             assert (again.state, again.undo) == ("applied", None), f"{patch.name}: decided again: {again.reason}"

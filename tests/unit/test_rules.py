@@ -19,6 +19,7 @@ from verl_npu_autopatch.patches import (
     tensordict_npu_sync,
     torch_npu_nested_tensor_intercept,
     transformers_deepstack,
+    verl_3d_position_ids,
     verl_checkpoint_send_reoffload,
     verl_defer_duplicates,
     verl_distillation_log_prob_floor,
@@ -287,6 +288,43 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         lambda: transformers_deepstack.deepstack_rule(Code(transformers_deepstack.CLONED, DEEPSTACK)),
         "fixed-upstream",
     ),
+    # verl.3d_position_ids (the rule; the layout from values' shape, last offset, ragged index)
+    "3d ids: blind relabel": (
+        lambda: verl_3d_position_ids.position_ids_rule(Code(f"ifx:{verl_3d_position_ids.BLIND}", ("data",))),
+        "apply",
+    ),
+    "3d ids: reads the layout": (
+        lambda: verl_3d_position_ids.position_ids_rule(
+            Code(f"o=ids.offsets()ifo[-1]==n:{verl_3d_position_ids.BLIND}", ("data",))
+        ),
+        "fixed-upstream",
+    ),
+    "3d ids: rebuilds": (
+        lambda: verl_3d_position_ids.position_ids_rule(
+            Code('data["position_ids"]=nested_tensor_from_tensor_list(x,ragged_idx=2)', ("data",))
+        ),
+        "fixed-upstream",
+    ),
+    "3d ids: another body": (
+        lambda: verl_3d_position_ids.position_ids_rule(Code("pass", ("data",))),
+        "unsupported",
+    ),
+    "3d ids: other parameters": (
+        lambda: verl_3d_position_ids.position_ids_rule(Code(verl_3d_position_ids.BLIND, ("data", "key"))),
+        "unsupported",
+    ),
+    "3d ids layout: ragged over the sequence": (lambda: verl_3d_position_ids.layout((4, 5), 5, 2), "canonical"),
+    "3d ids layout: index lost in a pickle": (lambda: verl_3d_position_ids.layout((4, 5), 5, 1), "sequence-packed"),
+    "3d ids layout: equal lengths, channels ragged": (
+        lambda: verl_3d_position_ids.layout((8, 2), 8, 1),
+        "channel-packed",
+    ),
+    "3d ids layout: both fit, read as channels": (
+        lambda: verl_3d_position_ids.layout((4, 4), 4, 1),
+        "channel-packed",
+    ),
+    "3d ids layout: neither fits": (lambda: verl_3d_position_ids.layout((4, 5), 7, 1), "unknown"),
+    "3d ids layout: not two-dimensional values": (lambda: verl_3d_position_ids.layout((4, 5, 2), 5, 1), "unknown"),
     # verl.defer_duplicates
     "defer: verl's rotary patcher": (
         lambda: verl_defer_duplicates.rotary_patcher_rule(Code("ApplyRotaryEmb.__init__=init", ()), True),

@@ -11,6 +11,7 @@ from tests.support import contract
 from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: F401  (fixture)
 from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
 from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
+from tests.verl.test_verl_3d_position_ids import verl  # noqa: F401  (fixture)
 from tests.verl.test_verl_checkpoint_send_reoffload import verl_workers  # noqa: F401  (fixture)
 from tests.verl.test_verl_distillation_log_prob_floor import ESTIMATOR_NAMES, verl_losses  # noqa: F401  (fixture)
 from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)
@@ -18,6 +19,7 @@ from verl_npu_autopatch.patches import (
     megatron_expert_bias_fp32,
     megatron_mtp_postprocess,
     torch_npu_nested_tensor_intercept,
+    verl_3d_position_ids,
     verl_checkpoint_send_reoffload,
     verl_distillation_log_prob_floor,
     verl_npu_version_probe,
@@ -82,3 +84,13 @@ def test_torch_npu_nested_intercept_on_the_stand_in(standin: None) -> None:  # n
     finding = contract.check_contract(patch)
     functions = {f"torch_npu:torch.nested.{name}" for name in torch_npu_nested_tensor_intercept.FUNCTIONS}
     assert (finding.state, finding.changed) == ("applied", functions)
+
+
+def test_verl_3d_position_ids_on_verl_0_9_1(verl: Any) -> None:  # noqa: F811  (the fixture)
+    """The release's ``tensordict_utils`` and the copies its engine modules take of the function."""
+    verl("0.9.1")
+    (patch,) = contract.live_patches(verl_3d_position_ids.PATCHES)
+    finding = contract.check_contract(patch)
+    name = verl_3d_position_ids.FUNCTION
+    copies = {f"{module}:{name}" for module in verl_3d_position_ids.COPIERS}
+    assert (finding.state, finding.changed) == ("applied", {f"{verl_3d_position_ids.MODULE}:{name}", *copies})
