@@ -11,8 +11,8 @@ from that newest column (a new release that breaks or obsoletes a patch), or whe
 release has an NPU runtime patch site that docs/verl.md's parity table does not name.
 
 Sections (``SECTIONS``; each is self-contained, so more can be appended): vllm-ascend (with the
-vLLM release it pairs with), vLLM, transformers, Liger-Kernel; then tensordict, torch_npu and
-megatron-core (``RUNTIME_SECTIONS``) and verl's own patch sites (``VERL``). ``WATCHED`` is all of
+vLLM release it pairs with), vLLM, transformers, Liger-Kernel; then tensordict, torch_npu,
+megatron-core and verl (``RUNTIME_SECTIONS``) and verl's own patch sites (``VERL``). ``WATCHED`` is all of
 them.
 
     python3 scripts/compat-matrix                     # print the document
