@@ -1,0 +1,47 @@
+"""docs/compatibility.md is the live truth for the field's vllm-ascend patches: on every release of
+the decision table, the live decision on the release's own file (the contract's first decision,
+through the engine's pipeline) equals the static rule's cell on the same release's files."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
+from tests.support import contract, upstream
+from verl_npu_autopatch.patches import ascend_gate_fp32_in_place, ascend_sampler_record_stream
+from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+from verl_npu_autopatch.spec import Patch
+
+STATES = {"apply": "applied", "fixed-upstream": "fixed-upstream", "unsupported": "unsupported"}
+#: The releases whose files hold each target (older ones: ``unsupported`` in the table, no file to load).
+SAMPLER = ("0.21.0rc1", "0.23.0", "0.23.0.post1", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.30.0rc2")
+GATE = ("0.23.0", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1", "0.30.0rc2")
+
+
+def cell(patch: Patch, label: str, releases: dict) -> str:
+    """The patch's state in the decision table's column ``label``."""
+    script = upstream.matrix_script()
+    (release,) = [r for r in script.RELEASES if r.label == label]
+    tree = UpstreamTree(releases[label], {"vllm-ascend": release.ascend.version, "vllm": release.vllm.version})
+    assert patch.static is not None
+    return STATES[patch.static.decide(tree).action]
+
+
+def live(patch: Patch) -> str:
+    (found,) = contract.live_patches([patch])
+    return contract.check_contract(found).state
+
+
+@pytest.mark.parametrize("sampler", SAMPLER, indirect=True)
+def test_sampler_record_stream(sampler: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_sampler_record_stream.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["sampler"], releases)
+
+
+@pytest.mark.parametrize("linear", GATE, indirect=True)
+def test_gate_fp32_in_place(linear: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_gate_fp32_in_place.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["linear"], releases)
