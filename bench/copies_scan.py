@@ -1,5 +1,5 @@
 """What ``Patch.copies`` costs: the scan of a package's imported modules for the copies of a
-module-level name (``_copies.sites``, run at the fix and at every re-verification: ``report()``,
+module-level name (``_copies.sites``, run at the fix and at every re-check: ``report()``,
 ``status``, ``revert()``), in one child process of the given python, after importing the package.
 
     python3 bench/copies_scan.py --python .envs/vllm-3.11-*/bin/python [--rounds 30]

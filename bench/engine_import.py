@@ -1,12 +1,12 @@
 """The engine's import path: ``import verl_npu_autopatch.engine`` in a fresh ``python -S``
 process (what ``activate()`` and the first watched import on an NPU host load before wrapt and
-the catalogue), for two source trees, paired in interleaved rounds.
+the catalog), for two source trees, paired in interleaved rounds.
 
     python3 bench/engine_import.py --python .envs/runner-3.11-*/bin/python \\
         --tree before=/path/to/old/src --tree after=src [--rounds 200]
 
 The first tree is the baseline. Each tree's ``.pyc`` files are written by warm-up runs first.
-``--catalogue`` times loading the built-in catalogue instead (``catalog.builtin()``: every family
+``--catalog`` times loading the built-in catalog instead (``catalog.builtin()``: every family
 module, what activation loads after the engine), to see what new families cost.
 """
 
@@ -33,9 +33,9 @@ def main() -> None:
     parser.add_argument("--tree", action="append", required=True, help="NAME=SRC_DIR (the first is the baseline)")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--catalogue", action="store_true", help="time catalog.builtin() instead")
+    parser.add_argument("--catalog", action="store_true", help="time catalog.builtin() instead")
     args = parser.parse_args()
-    code = CATALOGUE if args.catalogue else TIMED
+    code = CATALOGUE if args.catalog else TIMED
     trees = dict(item.split("=", 1) for item in args.tree)
 
     def timed(src: str):
@@ -48,7 +48,7 @@ def main() -> None:
         measure(), measure()
     samples = interleave(variants, args.rounds)
     table = summary(samples, next(iter(trees)), "ms", 1e3)
-    title = "catalog.builtin()" if args.catalogue else "import verl_npu_autopatch.engine"
+    title = "catalog.builtin()" if args.catalog else "import verl_npu_autopatch.engine"
     report(f"{title} (python -S)", {"import": table}, {"rounds": args.rounds}, args.json)
 
 

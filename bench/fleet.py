@@ -8,7 +8,7 @@
    time: the first screen, ``--all`` and ``--json`` (output to a pipe, read whole).
 2. Activation with ``VERL_NPU_AUTOPATCH_REPORT_DIR`` set against unset, paired in fresh processes:
    in-process time of ``activate()`` + ``import vllm.model`` + ``import autopatch_target`` (the
-   fixture packages: activation, the catalogue, and two more decisions, each a rewrite), and one
+   fixture packages: activation, the catalog, and two more decisions, each a rewrite), and one
    rewrite alone (median of 200 in one process).
 
     python3 bench/fleet.py --python .envs/base-3.11-*/bin/python [--processes 10000] [--rounds 5]

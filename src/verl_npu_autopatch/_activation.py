@@ -107,7 +107,7 @@ def held(observer: "StartupObserver", fullname: str, path: "Any", target: "Any")
     """The guarding (or resuming) observer's answer for a name outside the watched packages.
     Resuming, a module of a watched package gets an activating loader. Guarding, for threads other
     than the activating one, the modules of the gated packages (the watched ones and the other
-    target packages) or, while the catalogue is not loaded yet (``gated is None``), every module
+    target packages) or, while the catalog is not loaded yet (``gated is None``), every module
     outside the standard library and this package get a loader that waits for the activation to
     end before the module executes."""
     top = fullname.partition(".")[0]

@@ -7,7 +7,7 @@ rebinds, in every imported module of those packages, each global holding the val
 replaced to the value it left (:func:`rebind`, run by the pipeline right after the fix; its undo
 puts the original back in every copy, those taken since included), and the declared sites are
 every such copy (:func:`sites`: globals there holding the target's live value), so
-re-verification and the contract check them.
+re-check and the contract check them.
 """
 
 from __future__ import annotations

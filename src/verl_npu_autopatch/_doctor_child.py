@@ -28,7 +28,7 @@ def step(what: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Activate, import every pending target, print the report (``--verify``: and verify)."""
     verifying = "--verify" in (sys.argv[1:] if argv is None else argv)
-    step("activation (loading the catalogue and the plugins)")
+    step("activation (loading the catalog and the plugins)")
     from verl_npu_autopatch._config import read_config
     from verl_npu_autopatch.engine import activate, engine, report
 

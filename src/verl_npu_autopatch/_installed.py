@@ -1,10 +1,10 @@
 """Applying each pending patch and keeping what it installed: the pipeline's outcome recorded
-in the patch's slot, what was installed remembered there, re-verified against the live attribute
-(``ownership.verify``), applied again after ``importlib.reload``, handed over between patches
+in the patch's slot, what was installed remembered there, re-checked against the live attribute
+(``ownership.recheck``), applied again after ``importlib.reload``, handed over between patches
 (the :class:`~verl_npu_autopatch.handover.HandOver` methods the engine forwards here) and
 reverted.
 
-:class:`Installed` is an object the engine holds; what it needs from the engine is the narrow
+:class:`Installations` is an object the engine holds; what it needs from the engine is the narrow
 :class:`Host` interface, and nothing else."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inert path neve
     from verl_npu_autopatch.spec import Patch, Site, Undo
 
     class Host(HandOver, Protocol):
-        """What :class:`Installed` needs from the engine holding it: the lock over the slots and
+        """What :class:`Installations` needs from the engine holding it: the lock over the slots and
         their records, the slots, the configuration (set by activation), recording a decision,
         and itself as the hand-over the fixes' sites carry."""
 
@@ -46,10 +46,10 @@ if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inert path neve
         ) -> None: ...
 
 
-__all__ = ["Installed"]
+__all__ = ["Installations"]
 
 
-class Installed:
+class Installations:
     """The ownership and hand-over half of an engine: what its fixes installed, and who owns
     each of those targets now."""
 
@@ -74,7 +74,7 @@ class Installed:
         return [error for error in (self.apply(patch, module) for patch in patches) if error is not None]
 
     def pending_modules(self) -> list[str]:
-        """Modules still awaited by pending patches, in catalogue order."""
+        """Modules still awaited by pending patches, in catalog order."""
         with self._host.lock:
             slots = self._host.slots.values()
             modules = [t.module for slot in slots if slot.record.state == "pending" for t in slot.variants]
@@ -160,7 +160,7 @@ class Installed:
             watcher = self._watcher
         watcher.put_first(installed.target.module)
 
-    def verify(self) -> None:
+    def recheck(self) -> None:
         """Re-check every applied (or displaced) patch against the live attribute and move its
         record to ``applied``, ``yielded`` or ``superseded`` accordingly. Never raises."""
         from verl_npu_autopatch import ownership
@@ -171,19 +171,19 @@ class Installed:
         for slot, where in installed:
             record = slot.record
             try:
-                state, reason = ownership.verify(_patch_of(slot), record.versions, where, host)
+                state, reason = ownership.recheck(_patch_of(slot), record.versions, where, host)
             except Exception as exc:  # a detector bug must not break report()
-                _logging.logger().debug("verifying %s raised %r", record.name, exc, exc_info=True)
+                _logging.logger().debug("re-checking %s raised %r", record.name, exc, exc_info=True)
                 continue
             with host.lock:
-                if slot.installed is not where or record.state not in ownership.VERIFIED_STATES:
+                if slot.installed is not where or record.state not in ownership.RECHECKED_STATES:
                     continue  # reverted, yielded or re-applied meanwhile
                 changed = (record.state, record.reason) != (state, reason)
             if changed:
                 host.set_state(record, state, reason)
-        self._verify_yields()
+        self._recheck_yields()
 
-    def _verify_yields(self) -> None:
+    def _recheck_yields(self) -> None:
         """Re-name the owner of each target yielded at apply time when another owner the
         detectors recognise took it since (verl assigning a class another of our families
         patched first). Never raises."""
@@ -197,7 +197,7 @@ class Installed:
             try:
                 reason = ownership.yielded_reason(_patch_of(slot), target, record.versions, host)
             except Exception as exc:  # a detector bug must not break report()
-                _logging.logger().debug("verifying %s raised %r", record.name, exc, exc_info=True)
+                _logging.logger().debug("re-checking %s raised %r", record.name, exc, exc_info=True)
                 continue
             with host.lock:
                 if record.state != "yielded":
@@ -227,7 +227,7 @@ class Installed:
                 for slot in host.slots.values()
                 if slot.installed is not None
                 and slot.installed.target.module == module.__name__
-                and slot.record.state in ownership.VERIFIED_STATES
+                and slot.record.state in ownership.RECHECKED_STATES
             ]
             for slot in slots:
                 slot.release(keep=True)  # its undo acts on the objects the re-execution replaced
@@ -258,7 +258,7 @@ class Installed:
 
     def note(self, name: str, text: str) -> None:
         """Add ``text`` to the reason of patch ``name`` while it is applied (e.g. why a target
-        stays ours beside Liger-Kernel); kept when the record is re-verified."""
+        stays ours beside Liger-Kernel); kept when the record is re-checked."""
         with self._host.lock:
             slot = self._host.slots.get(name)
             if slot is None or slot.record.state != "applied" or text in slot.record.reason:
@@ -316,10 +316,10 @@ class Installed:
     def revert(self, name: str | None = None) -> list[str]:
         """Undo applied patches (all, one by name, or a group); returns the names reverted.
 
-        Records are re-verified first: a patch another owner displaced (``superseded`` or
+        Records are re-checked first: a patch another owner displaced (``superseded`` or
         ``yielded``) is left alone, so the live owner is never clobbered; the log says why."""
         host = self._host
-        self.verify()
+        self.recheck()
         done = []
         for slot in self._matching(name):
             record = slot.record

@@ -1,4 +1,4 @@
-"""What the engine asks of the start-up observer (``Observer``, which ``_startup.Observer`` is;
+"""What the engine asks of the start-up observer (``ObserverControls``, which ``_startup.Observer`` has;
 for type checkers), and the observer that does nothing (:class:`NullObserver`): every engine's but
 the process-wide one, which the composition root in ``engine.py`` gives the live ``OBSERVER``.
 Standard library only, nothing imported at run time (it is on the engine's import path)."""
@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Protocol
 
-    class Observer(Protocol):
+    class ObserverControls(Protocol):
         """What the engine asks of the start-up observer (``_startup.Observer``): whether the
         start-up hook is in place, which watched import found the host inert, guard imports while
         activating, retire, observe again."""

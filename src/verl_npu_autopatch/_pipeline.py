@@ -1,6 +1,6 @@
 """The per-patch decision pipeline, as one function of its inputs: resolve a variant, gate on the
 device, yield to another owner, recognise our own fix, check, fix. It keeps no state and needs no
-wrapt; the engine records its :class:`Outcome` (see ``_installed.Installed.apply``)."""
+wrapt; the engine records its :class:`Outcome` (see ``_installed.Installations.apply``)."""
 
 from __future__ import annotations
 

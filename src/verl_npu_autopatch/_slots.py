@@ -12,14 +12,14 @@ __all__ = ["Slot"]
 
 
 class Slot:
-    """A patch's record and what the engine needs to act on it and re-verify it.
+    """A patch's record and what the engine needs to act on it and re-check it.
 
     ``patch`` is ``None`` for an entry point that failed to load or was skipped (a record only);
     ``variants`` are the targets still in play after the gates; ``rejected`` maps the variants
     whose check said unsupported (last application) to why; ``installed`` and ``undo`` say where
     the applied fix installed what and how to take it back (``stale``: the undos of fixes left on
     module objects a re-execution replaced, run by ``revert`` too); ``yielded`` is the target left to
-    another owner at apply time (re-verified); ``claimed``: an application is under way.
+    another owner at apply time (re-checked); ``claimed``: an application is under way.
     """
 
     __slots__ = ("claimed", "installed", "patch", "record", "rejected", "stale", "undo", "variants", "yielded")

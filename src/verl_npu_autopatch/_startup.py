@@ -201,7 +201,7 @@ class Observer:
 
     def guard(self, activator: int, packages: "Iterable[str] | None" = None) -> None:
         """Activation began on thread ``activator``: guard (also where the start-up hook did not
-        run) every module until the catalogue is known (``packages`` is ``None``), then the
+        run) every module until the catalog is known (``packages`` is ``None``), then the
         watched packages plus ``packages`` (the other target packages)."""
         try:
             _work()  # the guarding rule (``held``) and the fork handler live there: loaded first

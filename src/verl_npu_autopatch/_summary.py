@@ -34,9 +34,9 @@ ORDER = (
 )
 
 
-def compact(names: list[str], catalogue: list[str]) -> list[str]:
+def compact(names: list[str], catalog: list[str]) -> list[str]:
     """``names`` with every family wholly among them written once: ``transformers.* (35)`` when
-    each patch of the catalogue under ``transformers.`` is in ``names`` (first level, then second)."""
+    each patch of the catalog under ``transformers.`` is in ``names`` (first level, then second)."""
     chosen = set(names)
     items: list[str] = []
     covered: set[str] = set()
@@ -46,22 +46,22 @@ def compact(names: list[str], catalogue: list[str]) -> list[str]:
             if name in covered or len(parts) <= depth:
                 continue
             prefix = ".".join(parts[:depth]) + "."
-            family = [n for n in catalogue if n.startswith(prefix)]
+            family = [n for n in catalog if n.startswith(prefix)]
             if len(family) > 1 and set(family) <= chosen and not covered & set(family):
                 items.append(f"{prefix}* ({len(family)})")
                 covered |= set(family)
     return items + [n for n in names if n not in covered]
 
 
-def _names(names: list[str], catalogue: list[str], more: str) -> list[str]:
+def _names(names: list[str], catalog: list[str], more: str) -> list[str]:
     """The compacted names, wrapped with a 4-space indent, at most :data:`NAME_LINES` lines."""
-    lines = wrap(", ".join(compact(names, catalogue)), WIDTH - 4)
+    lines = wrap(", ".join(compact(names, catalog)), WIDTH - 4)
     if len(lines) > NAME_LINES:
         lines = [*lines[:NAME_LINES], f"... ({len(names)} in all: {more})"]
     return ["    " + line for line in lines]
 
 
-def groups(rows: Iterable[tuple[str, str, str]], catalogue: list[str], more: str) -> list[str]:
+def groups(rows: Iterable[tuple[str, str, str]], catalog: list[str], more: str) -> list[str]:
     """``summary:`` and one block per (state, reason) of ``rows`` = (name, state, reason): the
     states in :data:`ORDER`; reasons shown once for :data:`SHARED_REASON` states."""
     rows = sorted(rows, key=lambda row: ORDER.index(row[1]) if row[1] in ORDER else len(ORDER))
@@ -69,7 +69,7 @@ def groups(rows: Iterable[tuple[str, str, str]], catalogue: list[str], more: str
     for _, state, _ in rows:
         counts[state] = counts.get(state, 0) + 1
     head = f"summary: {len(rows)} patches: " + ", ".join(f"{n} {state}" for state, n in counts.items())
-    lines = wrap(head, WIDTH) if rows else ["summary: no patches in the catalogue"]
+    lines = wrap(head, WIDTH) if rows else ["summary: no patches in the catalog"]
     blocks: dict[tuple[str, str], list[str]] = {}
     for name, state, reason in rows:
         blocks.setdefault((state, reason if state in SHARED_REASON else ""), []).append(name)
@@ -77,7 +77,7 @@ def groups(rows: Iterable[tuple[str, str, str]], catalogue: list[str], more: str
         for (s, reason), names in blocks.items():
             if s == state:
                 lines += wrap(f"  {state} ({len(names)})" + (f": {reason}" if reason else ""), WIDTH, "    ")
-                lines += _names(names, catalogue, more)
+                lines += _names(names, catalog, more)
     return lines
 
 

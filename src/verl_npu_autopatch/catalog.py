@@ -1,4 +1,4 @@
-"""The patch catalogue: built-in patch families plus third-party specs from entry points."""
+"""The patch catalog: built-in patch families plus third-party specs from entry points."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "FAMILIES",
     "PACKAGE",
-    "Catalogue",
+    "Catalog",
     "builtin",
     "families",
     "load",
@@ -24,7 +24,7 @@ __all__ = [
 
 #: The package holding the built-in patch families.
 PACKAGE = "verl_npu_autopatch.patches"
-#: The built-in families (the public modules of :data:`PACKAGE`), in catalogue order: the order
+#: The built-in families (the public modules of :data:`PACKAGE`), in catalog order: the order
 #: the engine applies the patches of one target module in, and ``docs/patches.md`` lists them in.
 #: The one place that orders them; a family module missing here fails tests/unit/test_discovery.py.
 FAMILIES: tuple[str, ...] = (
@@ -58,9 +58,9 @@ ENTRY_POINT_GROUP = "verl_npu_autopatch.patches"
 
 
 def families(package: str = PACKAGE) -> list[ModuleType]:
-    """The built-in patch families, in catalogue order: every public module of ``package`` (its
+    """The built-in patch families, in catalog order: every public module of ``package`` (its
     ``_private`` modules are helpers, not families), found on disk, so a new module there joins the
-    catalogue. Ordered by :data:`FAMILIES`; a module the list misses comes after the listed ones, by
+    catalog. Ordered by :data:`FAMILIES`; a module the list misses comes after the listed ones, by
     name (and a test fails until it is listed). Each exposes ``PATCHES``."""
     root = importlib.import_module(package)
     names = sorted(m.name for m in pkgutil.iter_modules(root.__path__) if not m.name.startswith("_"))
@@ -69,12 +69,12 @@ def families(package: str = PACKAGE) -> list[ModuleType]:
 
 
 def _position(name: str) -> tuple[int, str]:
-    """Where family ``name`` goes in the catalogue: its place in :data:`FAMILIES`, else last."""
+    """Where family ``name`` goes in the catalog: its place in :data:`FAMILIES`, else last."""
     return (FAMILIES.index(name) if name in FAMILIES else len(FAMILIES), name)
 
 
 def builtin(package: str = PACKAGE) -> list[Patch]:
-    """The built-in patches, in catalogue order."""
+    """The built-in patches, in catalog order."""
     patches: list[Patch] = []
     for family in families(package):
         patches += family.PATCHES
@@ -93,7 +93,7 @@ def _as_patches(obj: object) -> list[Patch]:
     raise TypeError(f"expected a Patch, an iterable of Patch or a callable returning them, got {obj!r}")
 
 
-class Catalogue:
+class Catalog:
     """What :func:`load` found: the patches, ``(entry point, error, exception)`` for each entry
     point that failed to load, the entry points skipped by ``VERL_NPU_AUTOPATCH_DISABLE``, and
     the names of all entry points in the group."""
@@ -129,16 +129,16 @@ class Catalogue:
         return unique, warnings
 
 
-def plugins(disable: Iterable[str] = (), timeout: float | None = None) -> Catalogue:
+def plugins(disable: Iterable[str] = (), timeout: float | None = None) -> Catalog:
     """Patches from the ``verl_npu_autopatch.patches`` entry points. An entry point named in
     ``disable`` (as ``NAME`` or ``entry-point:NAME``) is skipped: its module is never imported.
     Any other installed distribution that declares one is imported here (see the trust model in
     docs/writing-a-patch.md). Each distribution's entry points are read, and each is loaded,
     under its own guard: unreadable metadata (``distribution:NAME``) or a plugin that raises,
-    even ``SystemExit``, is an error of its own, never the end of the catalogue. With
+    even ``SystemExit``, is an error of its own, never the end of the catalog. With
     ``timeout`` (``status``), a plugin whose load does not finish within it is an error too."""
     off = set(disable)
-    found = Catalogue([])
+    found = Catalog([])
     for dist, points in _entry_points(found):
         for point in points:
             label = f"entry-point:{point.name}"
@@ -154,7 +154,7 @@ def plugins(disable: Iterable[str] = (), timeout: float | None = None) -> Catalo
     return found
 
 
-def _entry_points(found: Catalogue) -> list[tuple[str, list[Any]]]:
+def _entry_points(found: Catalog) -> list[tuple[str, list[Any]]]:
     """``(distribution, its entry points in our group)`` for each installed distribution, the first
     of each name on the path (as ``importlib.metadata.entry_points`` picks them); one whose
     metadata cannot be read is an error in ``found`` naming it."""
@@ -205,7 +205,7 @@ def _load(point: Any, timeout: float | None) -> list[Patch]:
     return list(result[0])
 
 
-def load(disable: Iterable[str] = (), timeout: float | None = None) -> Catalogue:
+def load(disable: Iterable[str] = (), timeout: float | None = None) -> Catalog:
     """Built-in then plugin patches (entry points named in ``disable`` are not imported;
     ``timeout``: see :func:`plugins`)."""
     found = plugins(disable, timeout)

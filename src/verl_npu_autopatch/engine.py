@@ -1,7 +1,7 @@
 """The engine's life cycle: activation, hook registration, applying each patch as its target is
 imported, and the in-process records (``report``, ``revert``). Its other jobs: ``_resolution``
 (targets), ``_pipeline`` (one patch's decision), ``_slots``, ``_logging``, and the objects it holds,
-``_hooks.Hooks`` and ``_installed.Installed`` (what was installed: verification, hand-over, revert).
+``_hooks.Hooks`` and ``_installed.Installations`` (what was installed: verification, hand-over, revert).
 
 Imported on a host without the NPU stack (``report()``, ``activate()``, the vLLM plugin),
 :func:`activate` decides "inactive" from the configuration alone, without wrapt, ``logging``,
@@ -16,7 +16,7 @@ from verl_npu_autopatch import _environment, _gates, _logging
 from verl_npu_autopatch._config import Config, read_config
 from verl_npu_autopatch._hooks import Hooks
 from verl_npu_autopatch._import_locks import blocked_on_us, stack_depth
-from verl_npu_autopatch._installed import Installed
+from verl_npu_autopatch._installed import Installations
 from verl_npu_autopatch._logging import LOGGER_NAME
 from verl_npu_autopatch._observer import NullObserver
 from verl_npu_autopatch._startup import OBSERVER
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from verl_npu_autopatch._observer import Observer
+    from verl_npu_autopatch._observer import ObserverControls
     from verl_npu_autopatch._slots import Slot
     from verl_npu_autopatch.records import EngineStatus, Record, RecordState, Report
     from verl_npu_autopatch.spec import Patch
@@ -48,19 +48,22 @@ class PatchError(RuntimeError):
 class Engine:
     """Owns one process's patch records. ``activate`` runs once; the rest is driven by imports.
 
-    ``catalogue`` and ``config`` default to the built-in catalogue (plus entry points) and the environment; tests
+    ``catalog`` and ``config`` default to the built-in catalog (plus entry points) and the environment; tests
     pass their own. ``observer`` is the process's start-up observer, given to the process-wide engine alone (by
     default a ``_observer.NullObserver``). Each patch has one :class:`~._slots.Slot`; the engine itself passes as
     ``site.engine``, the :class:`~verl_npu_autopatch.handover.HandOver` of patch families that arbitrate with other
-    patches (it forwards those calls to its :class:`~._installed.Installed`).
+    patches (it forwards those calls to its :class:`~._installed.Installations`).
     """
 
     def __init__(
-        self, catalogue: Sequence[Patch] | None = None, config: Config | None = None, observer: Observer | None = None
+        self,
+        catalog: Sequence[Patch] | None = None,
+        config: Config | None = None,
+        observer: ObserverControls | None = None,
     ) -> None:
-        self._catalogue = catalogue
+        self._catalog = catalog
         self._given_config = self._config = config
-        self._observer: Observer = observer or NullObserver()
+        self._observer: ObserverControls = observer or NullObserver()
         self._lock = _thread.RLock()  # records and claims; held only briefly, never across imports
         self._activation_lock = _thread.RLock()
         self.status: EngineStatus = "not-activated"
@@ -70,7 +73,7 @@ class Engine:
         self.warnings: list[str] = []
         self._slots: dict[str, Slot] = {}
         self._hooks = Hooks(self._on_import, PatchError)
-        self._installed = Installed(self, PatchError)
+        self._installed = Installations(self, PatchError)
         self._activator = 0
         self._observed = False  # the start-up hook was on sys.meta_path when activation began
         self._checked_names = False
@@ -78,7 +81,7 @@ class Engine:
         self.on_change: Callable[[], None] | None = None  # refreshes the report file, if there is one
 
     @property
-    def observer(self) -> Observer:
+    def observer(self) -> ObserverControls:
         """The start-up observer this engine drives (a ``NullObserver`` but for the process's)."""
         return self._observer
 
@@ -87,17 +90,17 @@ class Engine:
 
     @property
     def records(self) -> dict[str, Record]:
-        """``{patch name: its live record}``, in catalogue order."""
+        """``{patch name: its live record}``, in catalog order."""
         with self._lock:
             return {name: slot.record for name, slot in self._slots.items()}
 
     @property
     def patches(self) -> dict[str, Patch]:
-        """``{patch name: patch}`` of the patches loaded, in catalogue order."""
+        """``{patch name: patch}`` of the patches loaded, in catalog order."""
         with self._lock:
             return {name: slot.patch for name, slot in self._slots.items() if slot.patch is not None}
 
-    # ----------------------------------------------------------------- what Installed sees (its Host)
+    # ----------------------------------------------------------------- what Installations sees (its Host)
     @property
     def lock(self) -> Any:
         """The lock over the slots and their records (an ``_thread.RLock``)."""
@@ -221,7 +224,7 @@ class Engine:
             raise RuntimeError(problem)
         logger.debug("wrapt %s from %s", _environment.distribution_version("wrapt"), getattr(wrapt, "__file__", "?"))
 
-        loaded = catalog.load(config.disable) if self._catalogue is None else catalog.Catalogue(list(self._catalogue))
+        loaded = catalog.load(config.disable) if self._catalog is None else catalog.Catalog(list(self._catalog))
         kept, self._slots = self._slots, {}  # live fixes an interrupted activation left (_abandon)
         self.warnings += config.unknown_names(loaded.names())
         self._checked_names = True
@@ -232,7 +235,7 @@ class Engine:
             reason = "turned off by VERL_NPU_AUTOPATCH_DISABLE; its module was not imported"
             self._entry_point_record(name, "disabled", reason)
         patches = loaded.patches
-        logger.debug("catalogue: %d patches, entry points %s", len(patches), ", ".join(loaded.entry_points) or "none")
+        logger.debug("catalog: %d patches, entry points %s", len(patches), ", ".join(loaded.entry_points) or "none")
         unique, duplicates = loaded.unique()
         for text in duplicates:
             self.warnings.append(text)
@@ -278,7 +281,7 @@ class Engine:
             raise PatchError("; ".join(str(e) for e in errors)) from errors[0]
 
     def pending_modules(self) -> list[str]:
-        """Modules still awaited by pending patches, in catalogue order (``doctor``)."""
+        """Modules still awaited by pending patches, in catalog order (``doctor``)."""
         return self._installed.pending_modules()
 
     def settle(self, absent: Iterable[str] = ()) -> None:
@@ -306,7 +309,7 @@ class Engine:
 
     def check_names(self) -> None:
         """On a host where the engine stayed inactive, warn about ENABLE/DISABLE names that match
-        nothing (this loads the catalogue, so it runs only for ``report()`` and ``doctor``)."""
+        nothing (this loads the catalog, so it runs only for ``report()`` and ``doctor``)."""
         config = self._config
         if self._checked_names or config is None or not (config.enable or config.disable):
             return
@@ -315,7 +318,7 @@ class Engine:
             from verl_npu_autopatch import catalog
 
             found = config.unknown_names(catalog.load(config.disable).names())
-        except Exception as exc:  # a broken catalogue fails activation itself; these warnings are extra
+        except Exception as exc:  # a broken catalog fails activation itself; these warnings are extra
             _logging.logger().debug("checking the ENABLE/DISABLE names raised %r", exc, exc_info=True)
             return
         with self._lock:
@@ -327,24 +330,20 @@ class Engine:
 
     # ----------------------------------------------------------------- public helpers
     def report(self) -> Report:
-        """A snapshot of the records, each re-verified against the live attribute first."""
+        """A snapshot of the records, each re-checked against the live attribute first."""
         from verl_npu_autopatch.records import Report
 
-        self.verify()
+        self._installed.recheck()
         with self._lock:
             records = [record for name in self._slots if (record := self.record(name)) is not None]
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
-    def verify(self) -> None:
-        """Re-check every applied (or displaced) patch (:meth:`~._installed.Installed.verify`)."""
-        self._installed.verify()
-
     def revert(self, name: str | None = None) -> list[str]:
-        """Undo applied patches (all, one by name, or a group; :meth:`~._installed.Installed.revert`)."""
+        """Undo applied patches (all, one by name, or a group; :meth:`~._installed.Installations.revert`)."""
         return self._installed.revert(name)
 
     # ----------------------------------------------------------------- hand-over (``HandOver``)
-    # What the fixes' ``site.engine`` offers; ``Installed`` does the work (see its docstrings).
+    # What the fixes' ``site.engine`` offers; ``Installations`` does the work (see its docstrings).
     def record(self, name: str) -> Record | None:
         return self._installed.record(name)
 

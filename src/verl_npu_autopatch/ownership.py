@@ -1,6 +1,6 @@
-"""Ownership: where each applied patch installed what, re-verified against the live attribute.
+"""Ownership: where each applied patch installed what, re-checked against the live attribute.
 
-An ``applied`` record is a claim about the live attribute. :func:`verify` re-checks it whenever a
+An ``applied`` record is a claim about the live attribute. :func:`recheck` re-checks it whenever a
 record is read: if our installed value is no longer what the target (or an enclosing callable
 the target is only reached through, ``Patch.via``) holds, the record becomes ``yielded`` when one
 of the patch's ``yields_to`` detectors recognises the new owner, else ``superseded`` naming it
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from verl_npu_autopatch.records import RecordState
 
 __all__ = [
+    "RECHECKED_STATES",
     "THROUGH_TARGET",
-    "VERIFIED_STATES",
     "Checks",
     "Installation",
     "ReloadWatcher",
@@ -43,8 +43,8 @@ __all__ = [
     "lookup",
     "missing",
     "reached_through_target",
+    "recheck",
     "site_value",
-    "verify",
     "via_targets",
     "yielded_reason",
 ]
@@ -53,10 +53,10 @@ __all__ = [
 #: value the fix left there (an experts implementation the target's dispatcher looks up).
 THROUGH_TARGET = "verl_npu_autopatch_through_target"
 
-#: Record states a re-verification may move between (``applied`` and the displaced states).
-VERIFIED_STATES: tuple[RecordState, ...] = ("applied", "superseded", "yielded")
+#: Record states a re-check may move between (``applied`` and the displaced states).
+RECHECKED_STATES: tuple[RecordState, ...] = ("applied", "superseded", "yielded")
 
-#: What :func:`verify` checks on the target of an :class:`Installation`: ``ours``, the fix
+#: What :func:`recheck` checks on the target of an :class:`Installation`: ``ours``, the fix
 #: replaced it and any other value there displaces us; ``through``, the fix installed elsewhere
 #: and runs only through upstream's value left there, which any value but one of ours displaces;
 #: ``reload``, the fix installed elsewhere and is checked for reloads only.
@@ -198,7 +198,7 @@ def installation(site: Site, reason: str, undo: Any = None) -> Installation:
     return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks, also)
 
 
-def verify(patch: Patch, versions: dict, installed: Installation, engine: HandOver | None) -> tuple[RecordState, str]:
+def recheck(patch: Patch, versions: dict, installed: Installation, engine: HandOver | None) -> tuple[RecordState, str]:
     """``(state, reason)`` of an applied patch against the live modules: ``applied`` (with the
     reason it was applied) while our value is still what runs, else ``yielded`` / ``superseded``
     naming the live owner."""
@@ -332,7 +332,7 @@ class _ReexecLoader:
                 module.__loader__ = self._loader
         try:
             self._callback(live_module(module), self._how)
-        except Exception:  # never break the user's import; verify() then says "module reloaded"
+        except Exception:  # never break the user's import; recheck() then says "module reloaded"
             pass
 
 

@@ -78,7 +78,7 @@ def test_python_dash_m_and_console_script_agree(base_python: Path) -> None:
 
 def test_docs_patches_md_is_generated_and_current(base_python: Path) -> None:
     generated = cli(base_python, "list", "--markdown").stdout
-    assert generated.startswith("# Patch catalogue")
+    assert generated.startswith("# Patch catalog")
     assert (ROOT / "docs" / "patches.md").read_text() == generated, (
         "docs/patches.md is stale: run `verl-npu-autopatch list --markdown > docs/patches.md`"
     )
@@ -165,7 +165,7 @@ def test_doctor_child_is_a_module_announcing_each_step(base_python: Path) -> Non
     )
     before, _, report = proc.stdout.partition("@@verl-npu-autopatch-doctor@@")
     steps = [line.split("@@verl-npu-autopatch-step@@", 1)[1] for line in before.splitlines() if "@@" in line]
-    assert steps[0] == "activation (loading the catalogue and the plugins)" and steps[-1] == "settling the records"
+    assert steps[0] == "activation (loading the catalog and the plugins)" and steps[-1] == "settling the records"
     assert "import vllm.model" in steps
     data = json.loads(report)
     assert {r["name"]: r["state"] for r in data["records"]}["fixture.forward"] == "applied"

@@ -31,7 +31,7 @@ def _live(target: str) -> Any:
 
 
 def _ours(engine: Any) -> dict[str, Any]:
-    """Our transformers records (re-verified: ``report()``) for the families present here."""
+    """Our transformers records (re-checked: ``report()``) for the families present here."""
     records = engine.report().records
     return {r.name: r for r in records if r.name.startswith("transformers.") and r.name.split(".")[1] in PRESENT}
 

@@ -1,6 +1,6 @@
 """The patch contract: one procedure every built-in patch must pass wherever its target imports.
 
-Each suite's ``test_*_contract.py`` runs :func:`check_contract` for every patch of the catalogue
+Each suite's ``test_*_contract.py`` runs :func:`check_contract` for every patch of the catalog
 whose target modules import in that suite's environment (:func:`live_patches`). The procedure,
 on the real upstream modules, through the engine's own pipeline (``_pipeline.run``):
 
@@ -66,7 +66,7 @@ def _imports(module: str) -> bool:
 
 
 def live_patches(patches: Iterable[Patch] | None = None) -> list[Patch]:
-    """The patches (default: the built-in catalogue) whose gates pass here and one of whose
+    """The patches (default: the built-in catalog) whose gates pass here and one of whose
     variants imports, with every further declared module."""
     found = []
     for patch in catalog.builtin() if patches is None else patches:

@@ -1,5 +1,5 @@
 """``docs/ascend-recipes.md`` classifies every recipe patch (33 files, two script changes) and cites
-only patches that exist in the catalogue."""
+only patches that exist in the catalog."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``Patch.copies``: the engine rebinds the copies of a patched module-level name that other
 modules took with ``from ... import`` (real files, real import statements), declares them as
-sites, re-verifies them and restores each on revert."""
+sites, re-checks them and restores each on revert."""
 
 from __future__ import annotations
 

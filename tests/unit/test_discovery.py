@@ -1,4 +1,4 @@
-"""A module dropped into ``patches/`` joins the catalogue (last, and a test fails until ``catalog.FAMILIES`` lists
+"""A module dropped into ``patches/`` joins the catalog (last, and a test fails until ``catalog.FAMILIES`` lists
 it); a ``_private`` one does not."""
 
 from __future__ import annotations

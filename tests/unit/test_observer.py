@@ -48,7 +48,7 @@ def test_an_engine_drives_the_observer_it_is_given() -> None:
     active.activate("api")
     me = _thread.get_ident()
     assert active.status == "active" and active.observer is observer
-    # guard everything, then (catalogue known, here empty) the watched packages only; retire at the end
+    # guard everything, then (catalog known, here empty) the watched packages only; retire at the end
     assert observer.calls == [("hooked",), ("guard", me, None), ("guard", me, []), ("retire",)]
     inert = RecordingObserver()
     engine.Engine([], Config(device="none"), observer=inert).activate("api")

@@ -1,4 +1,4 @@
-"""``docs/verl.md`` "Parity with verl 0.9.1" cites only patches that exist in the catalogue, and
+"""``docs/verl.md`` "Parity with verl 0.9.1" cites only patches that exist in the catalog, and
 every row either names patches or says why not."""
 
 from __future__ import annotations
