@@ -119,7 +119,7 @@ def test_ascend_capture_declares_its_trigger_and_marks_what_it_installs() -> Non
         ascend_routed_experts_capture.CAPTURE: types.SimpleNamespace(capture=installed),
     }
     original = capturer.__dict__["capture"]
-    site = types.SimpleNamespace(patch=patch)
+    site = types.SimpleNamespace(patch=patch, engine=None)  # no engine: the trim is not enabled alongside
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ascend_routed_experts_capture.importlib, "import_module", fake.__getitem__)
         undo = patch.fix(site)  # type: ignore[arg-type]
