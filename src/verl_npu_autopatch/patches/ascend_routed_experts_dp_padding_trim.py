@@ -31,7 +31,7 @@ from verl_npu_autopatch.patches._capture_trim import (
 )
 from verl_npu_autopatch.patches._fingerprints import UpstreamTree, imports_module_unconditionally
 from verl_npu_autopatch.patching import ABSENT, definition, marked_by, origin, own_value, set_marked
-from verl_npu_autopatch.spec import Patch, Site, StaticRule, Target, Undo, Verdict
+from verl_npu_autopatch.spec import Patch, Site, StaticRule, Target, Undo, Verdict, unsupported
 
 CAPTURE_OWNER = "ascend.routed_experts_capture"
 METHOD = "RoutedExpertsCapturer.capture"
@@ -81,22 +81,27 @@ def _capture_of(tree: UpstreamTree) -> tuple[Any, str, bool]:
 
 
 def _static(tree: UpstreamTree) -> Verdict:
-    node, name, _ = _capture_of(tree)
+    node, name, imported = _capture_of(tree)
+    if not imported and not tree.has_module(CAPTURER):
+        return unsupported(f"module {CAPTURER}", "no such module")
     return trim_rule(node, name)
 
 
 def _note(tree: UpstreamTree) -> str | None:
-    """Where ``ascend.routed_experts_capture`` would load vllm-ascend's capture: what the two do together."""
+    """Which capture the trim wraps where it is vllm-ascend's, and where ``ascend.routed_experts_capture``
+    would load vllm-ascend's: what the two do together."""
     _, _, imported = _capture_of(tree)
     ascend = tree.module(CAPTURE)
-    if imported or ascend is None:
+    if imported:
+        return f"the capture live is vllm-ascend's ({WORKER} imports it)"
+    if ascend is None:
         return None
     verdict = trim_rule(ascend.function_node("capture"), f"{CAPTURE}.capture")
     if verdict.action != "apply":
-        return f"with {CAPTURE_OWNER} enabled too, vllm-ascend's capture runs: {verdict.action} there"
+        return f"the capture live is vLLM's; with {CAPTURE_OWNER} enabled too, vllm-ascend's: {verdict.action} there"
     return (
-        f"with {CAPTURE_OWNER} enabled too, that patch installs vllm-ascend's capture already trimmed "
-        "and this one records yielded to it"
+        f"the capture live is vLLM's; with {CAPTURE_OWNER} enabled too, that patch installs vllm-ascend's capture "
+        "already trimmed and this one records yielded to it"
     )
 
 
