@@ -91,6 +91,7 @@ def test_vllm_capture_raises_on_the_padded_layout_and_is_trimmed(paired):
     engine = upstream.run_engine(ascend_routed_experts_dp_padding_trim.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="dsv4")
     record = engine.report()[TRIM]
     assert record.state == "applied", record.reason
+    assert record.reason == f"fix installed; wraps {CAPTURER}.RoutedExpertsCapturer.capture"
     assert padded(paired).tolist() == [1, 2]
     assert capture(paired, [2, 4], 1, 6).tolist() == [3, 4, 5, 6]  # the concatenated layout: as before
     assert capture(paired, [2, 4], 1, 4).tolist() == [1, 2, 3, 4]  # the widest rank's own rows: untouched
@@ -109,6 +110,7 @@ def test_vllm_ascend_capture_raises_on_the_padded_layout_and_is_trimmed(paired):
     engine = upstream.run_engine(BOTH, VERL_NPU_AUTOPATCH_ENABLE="glm52,dsv4")
     assert engine.report()[CAPTURE_STATE].state == "fixed-upstream"
     assert engine.report()[TRIM].state == "applied", engine.report()[TRIM].reason
+    assert engine.report()[TRIM].reason == f"fix installed; wraps {CAPTURE}.capture"
     assert padded(paired).tolist() == [1, 2]
     assert capture(paired, [2, 4], 0, 8).tolist() == [1, 2]  # padded after the all-gather: vllm-ascend's own
     assert engine.revert() == [TRIM]

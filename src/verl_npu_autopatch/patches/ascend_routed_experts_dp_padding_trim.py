@@ -61,7 +61,10 @@ def _recipe(site: Site) -> str | None:
 
 def _check(site: Site) -> Verdict:
     live = own_value(importlib.import_module(CAPTURER).RoutedExpertsCapturer, "capture")
-    return trim_rule(None if live is ABSENT else definition(live), origin(live) if live is not ABSENT else METHOD)
+    if live is ABSENT:
+        return trim_rule(None, f"{CAPTURER}.{METHOD}")
+    verdict = trim_rule(definition(live), origin(live))
+    return Verdict("apply", f"wraps {origin(live)}") if verdict.action == "apply" else verdict
 
 
 def _fix(site: Site) -> Undo:
