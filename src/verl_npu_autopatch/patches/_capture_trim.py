@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
-from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Target, Verdict, fixed_upstream, unsupported
 
 __all__ = [
     "CAPTURE",
@@ -28,8 +28,11 @@ __all__ = [
     "CAPTURE_PARAMS",
     "CARRIES",
     "RECIPE_MARK",
+    "TARGET",
+    "TRIGGER",
     "TRIM",
     "WORKER",
+    "WORKER_READS",
     "trim_rule",
     "trimmed",
 ]
@@ -38,6 +41,11 @@ WORKER = "vllm_ascend.patch.worker"
 CAPTURE = f"{WORKER}.patch_routed_experts_capture"
 CAPTURER = "vllm.model_executor.layers.fused_moe.routed_experts_capturer"
 CAPTURE_PARAMS = ("self", "layer_id", "topk_ids")
+#: What both families fix, and where they hook: right after vllm-ascend applied its worker patches.
+TARGET = Target.parse(f"{CAPTURER}:RoutedExpertsCapturer.capture")
+TRIGGER = Target.parse(f"{WORKER}:__file__")
+#: The vllm-ascend files both static rules read.
+WORKER_READS = ("vllm_ascend/patch/worker/__init__.py", "vllm_ascend/patch/worker/patch_routed_experts_capture.py")
 #: The patch that owns the trim.
 TRIM = "ascend.routed_experts_dp_padding_trim"
 #: Set on every capture carrying the trim (ours, or ``ascend.routed_experts_capture``'s).

@@ -36,8 +36,11 @@ from verl_npu_autopatch.patches._capture_trim import (
     CAPTURE,
     CAPTURE_PARAMS,
     CAPTURER,
+    TARGET,
+    TRIGGER,
     TRIM,
     WORKER,
+    WORKER_READS,
     trim_rule,
     trimmed,
 )
@@ -54,7 +57,6 @@ from verl_npu_autopatch.spec import (
     Patch,
     Site,
     StaticRule,
-    Target,
     Undo,
     Verdict,
     fixed_upstream,
@@ -169,19 +171,13 @@ PATCHES = [
         summary="Load vllm-ascend's DP/SP-aware RoutedExpertsCapturer.capture where the release does not import it.",
         reference="https://github.com/verl-project/verl/pull/7779",
         groups=("glm52", "ascend"),
-        targets=(Target.parse(f"{CAPTURER}:RoutedExpertsCapturer.capture"),),
-        triggers=(Target.parse(f"{WORKER}:__file__"),),
+        targets=(TARGET,),
+        triggers=(TRIGGER,),
         default=False,
         check=_check,
         fix=_fix,
         static=StaticRule(
-            _static,
-            reads=(
-                "vllm_ascend/patch/worker/__init__.py",
-                "vllm_ascend/patch/worker/patch_routed_experts_capture.py",
-                "vllm_ascend/patch/worker/patch_routed_experts_capturer.py",
-            ),
-            note=_note,
+            _static, reads=(*WORKER_READS, "vllm_ascend/patch/worker/patch_routed_experts_capturer.py"), note=_note
         ),
     ),
 ]

@@ -24,17 +24,20 @@ from verl_npu_autopatch.patches._capture_trim import (
     CAPTURER,
     CARRIES,
     RECIPE_MARK,
+    TARGET,
+    TRIGGER,
     TRIM,
     WORKER,
+    WORKER_READS,
     trim_rule,
     trimmed,
 )
 from verl_npu_autopatch.patches._fingerprints import UpstreamTree, imports_module_unconditionally
 from verl_npu_autopatch.patching import ABSENT, definition, marked_by, origin, own_value, set_marked
-from verl_npu_autopatch.spec import Patch, Site, StaticRule, Target, Undo, Verdict, unsupported
+from verl_npu_autopatch.spec import Patch, Site, StaticRule, Undo, Verdict, unsupported
 
 CAPTURE_OWNER = "ascend.routed_experts_capture"
-METHOD = "RoutedExpertsCapturer.capture"
+METHOD = TARGET.qualname
 
 
 def _live() -> Any:
@@ -117,19 +120,15 @@ PATCHES = [
         ),
         reference="https://github.com/verl-project/verl-ascend-recipe",
         groups=("dsv4", "ascend"),
-        targets=(Target.parse(f"{CAPTURER}:{METHOD}"),),
-        triggers=(Target.parse(f"{WORKER}:__file__"),),
+        targets=(TARGET,),
+        triggers=(TRIGGER,),
         default=False,
         yields_to=(_carried, _recipe),
         check=_check,
         fix=_fix,
         static=StaticRule(
             _static,
-            reads=(
-                "vllm_ascend/patch/worker/__init__.py",
-                "vllm_ascend/patch/worker/patch_routed_experts_capture.py",
-                "vllm/model_executor/layers/fused_moe/routed_experts_capturer.py",
-            ),
+            reads=(*WORKER_READS, "vllm/model_executor/layers/fused_moe/routed_experts_capturer.py"),
             note=_note,
         ),
     ),
