@@ -22,9 +22,12 @@ import torch
 from tests.ascend import doubles
 from tests.ascend.test_ascend_routed_experts_capture import stand_in
 from tests.support import upstream
+from tests.support.contract import QuietHandOver
 from verl_npu_autopatch.patches import ascend_routed_experts_capture, ascend_routed_experts_dp_padding_trim
-from verl_npu_autopatch.patches._capture_trim import CAPTURE, CAPTURER, RECIPE_MARK, TRIM
+from verl_npu_autopatch.patches._capture_trim import CAPTURE, CAPTURER, RECIPE_MARK, TRIGGER, TRIM
 from verl_npu_autopatch.patches._fingerprints import imports_module_unconditionally
+from verl_npu_autopatch.records import Record
+from verl_npu_autopatch.spec import Site
 
 CAPTURE_STATE = "ascend.routed_experts_capture"
 FORWARD = types.SimpleNamespace(dp_metadata=None)
@@ -169,3 +172,26 @@ def test_yields_to_the_recipes_own_trim(paired):
 
 def test_opt_in_off_by_default():
     assert upstream.run_engine(ascend_routed_experts_dp_padding_trim.PATCHES).report()[TRIM].state == "disabled"
+
+
+class _TrimYielded(QuietHandOver):
+    """The engine as ``ascend.routed_experts_capture`` sees it when applied again (its trigger
+    module executed anew) after the trim yielded to it."""
+
+    def record(self, name: str) -> Record | None:
+        reason = f"target owned by {CAPTURE_STATE}, which carries this trim"
+        return Record(TRIM, ("dsv4",), str(TRIGGER), "yielded", reason) if name == TRIM else None
+
+
+@pytest.mark.parametrize("paired", ["0.23.0"], indirect=True)
+def test_applied_again_the_capture_patch_still_carries_the_trim(paired):
+    (patch,) = ascend_routed_experts_capture.PATCHES
+    worker = sys.modules[TRIGGER.module]
+    site = Site(patch, TRIGGER, worker, worker, "__file__", worker.__file__, {}, _TrimYielded())
+    assert patch.check(site).reason == ascend_routed_experts_capture.CARRYING
+    undo = patch.fix(site)
+    try:
+        _own_context(sys.modules[CAPTURE])
+        assert padded(paired).tolist() == [1, 2]
+    finally:
+        undo()

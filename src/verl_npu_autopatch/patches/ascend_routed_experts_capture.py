@@ -109,13 +109,17 @@ def _check(site: Site) -> Verdict:
 
 def _carries_trim(site: Site, source: Callable[[], ModuleSource | None]) -> bool:
     """Whether the capture installed here carries the trim: its patch is enabled in this engine
-    (still pending: it runs after this one on the same trigger) and its rule applies to
-    vllm-ascend's capture (``source()``, read only then)."""
+    (still pending: it runs after this one on the same trigger; or yielded to this one, when this
+    one is applied again) and its rule applies to vllm-ascend's capture (``source()``, read only then)."""
     record = site.engine.record(TRIM) if site.engine is not None else None
-    if record is None or record.state != "pending":
+    if record is None or not (record.state == "pending" or _yielded_here(record.state, record.reason, site)):
         return False
     read = source()
     return read is not None and trim_rule(read.function_node("capture"), f"{CAPTURE}.capture").action == "apply"
+
+
+def _yielded_here(state: str, reason: str, site: Site) -> bool:
+    return state == "yielded" and site.patch.name in reason
 
 
 def _in_effect() -> bool:
