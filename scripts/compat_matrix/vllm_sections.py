@@ -77,9 +77,10 @@ ASCEND = Section(
     intro=(
         "Each patch's own check rule, run on the real source of each vllm-ascend release and the vLLM",
         "release it pairs with (vllm-ascend X.Y.Z ↔ vLLM X.Y.Z), read with `ast`; nothing is executed.",
-        "The GLM-5.2 `ascend.*` patches are opt-in (group `glm52`), `ascend.gate_fp32_in_place` too (group",
-        "`dsv4`: only DeepSeek-V4's gate has an fp32 copy); `ascend.sampler_record_stream` is on by default",
-        "(every rollout samples through `random_sample`).",
+        "The GLM-5.2 `ascend.*` patches are opt-in (group `glm52`), `ascend.gate_fp32_in_place` and",
+        "`ascend.routed_experts_dp_padding_trim` too (group `dsv4`: only DeepSeek-V4's gate has an fp32 copy,",
+        "only its bucketed decode pads the routing rows before the DP all-gather); `ascend.sampler_record_stream`",
+        "is on by default (every rollout samples through `random_sample`).",
     ),
     columns=tuple(r.ascend for r in RELEASES),
     tree=_ascend_tree,

@@ -37,6 +37,7 @@ FAMILIES: tuple[str, ...] = (
     "ascend_glm52",
     "ascend_camem_sleep_sync",
     "ascend_routed_experts_capture",
+    "ascend_routed_experts_dp_padding_trim",
     "ascend_sampler_record_stream",
     "ascend_gate_fp32_in_place",
     "vllm_engine_partial_wake_up",

@@ -13,6 +13,7 @@ import pytest
 from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_capture import release  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_routed_experts_dp_padding_trim import paired  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
 from tests.ascend.test_verl_ascend_coexistence import glm  # noqa: F401  (fixture)
 from tests.ascend.test_vllm_engine_partial_wake_up import core_023  # noqa: F401  (fixture)
@@ -23,6 +24,7 @@ from verl_npu_autopatch.patches import (
     ascend_gate_fp32_in_place,
     ascend_glm52,
     ascend_routed_experts_capture,
+    ascend_routed_experts_dp_padding_trim,
     ascend_sampler_record_stream,
     vllm_engine_partial_wake_up,
     vllm_routed_experts_padding_slots,
@@ -79,3 +81,12 @@ def test_routed_experts_padding_slots(capturer: types.ModuleType) -> None:  # no
 def test_routed_experts_capture(release: object) -> None:  # noqa: F811
     target = f"{ascend_routed_experts_capture.CAPTURER}:RoutedExpertsCapturer.capture"
     assert _applied(ascend_routed_experts_capture.PATCHES) == {"ascend.routed_experts_capture": {target}}
+
+
+@pytest.mark.parametrize("paired", ["0.23.0", "0.30.0rc2"], indirect=True)
+def test_routed_experts_dp_padding_trim(paired: types.ModuleType) -> None:  # noqa: F811
+    """Over vLLM 0.23.0's own capture, and over vllm-ascend 0.30.0rc2's (which that release imports)."""
+    target = f"{paired.__name__}:RoutedExpertsCapturer.capture"
+    assert _applied(ascend_routed_experts_dp_padding_trim.PATCHES) == {
+        "ascend.routed_experts_dp_padding_trim": {target}
+    }

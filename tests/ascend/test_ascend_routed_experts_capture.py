@@ -10,9 +10,11 @@ package look installed, with the release's version or a stale one (the patch dec
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,14 +27,12 @@ from verl_npu_autopatch.patches import ascend_routed_experts_capture
 STATE = "ascend.routed_experts_capture"
 
 
-@pytest.fixture
-def release(request, releases, npu, tmp_path, monkeypatch) -> Iterator[Path]:
-    """Make vllm-ascend ``request.param`` look installed; yield its source root. The version
-    look-ups start from an empty cache for the test and get the process's back afterwards."""
-    from vllm.model_executor.layers.fused_moe import routed_experts_capturer
-
-    label, version = request.param if isinstance(request.param, tuple) else (request.param, request.param)
-    root = releases[label][0]
+@contextmanager
+def stand_in(root: Path, version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """vllm-ascend's release at ``root`` installed as ``version`` (the worker stand-in and its
+    capture module, as the module docstring says), over the vLLM capturer module ``sys.modules``
+    holds now (the installed vLLM's, or a release's a test put there); ``capture`` restored after."""
+    capturer = importlib.import_module(ascend_routed_experts_capture.CAPTURER).RoutedExpertsCapturer
     info = tmp_path / "site" / f"vllm_ascend-{version}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-ascend\nVersion: {version}\n")
@@ -46,16 +46,26 @@ def release(request, releases, npu, tmp_path, monkeypatch) -> Iterator[Path]:
     context = doubles.stub_module(
         "vllm_ascend.ascend_forward_context", _EXTRA_CTX=None, MoECommType=type("MoECommType", (), {})
     )
-    capture_before = routed_experts_capturer.RoutedExpertsCapturer.__dict__["capture"]
+    capture_before = capturer.__dict__["capture"]
     sys.path.insert(0, str(tmp_path / "site"))
     monkeypatch.setattr(_environment, "_versions", {})
     try:
         with doubles.modules({ascend_routed_experts_capture.WORKER: worker, context.__name__: context}):
-            yield root
+            yield
     finally:
         sys.path.remove(str(tmp_path / "site"))
         sys.modules.pop(ascend_routed_experts_capture.CAPTURE, None)
-        routed_experts_capturer.RoutedExpertsCapturer.capture = capture_before
+        capturer.capture = capture_before
+
+
+@pytest.fixture
+def release(request, releases, npu, tmp_path, monkeypatch) -> Iterator[Path]:
+    """Make vllm-ascend ``request.param`` look installed; yield its source root. The version
+    look-ups start from an empty cache for the test and get the process's back afterwards."""
+    label, version = request.param if isinstance(request.param, tuple) else (request.param, request.param)
+    root = releases[label][0]
+    with stand_in(root, version, tmp_path, monkeypatch):
+        yield root
 
 
 def test_gated_without_vllm_ascend_installed():

@@ -22,7 +22,7 @@ OURS = [
 NAMES = {p.name for p in OURS}
 
 
-def test_families_are_in_the_catalogue():
+def test_families_are_in_the_catalog():
     assert {ascend_glm52, ascend_camem_sleep_sync, ascend_routed_experts_capture, vllm_engine_partial_wake_up} <= set(
         catalog.families()
     )

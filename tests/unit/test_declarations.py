@@ -119,7 +119,7 @@ def test_ascend_capture_declares_its_trigger_and_marks_what_it_installs() -> Non
         ascend_routed_experts_capture.CAPTURE: types.SimpleNamespace(capture=installed),
     }
     original = capturer.__dict__["capture"]
-    site = types.SimpleNamespace(patch=patch)
+    site = types.SimpleNamespace(patch=patch, engine=None)  # no engine: the trim is not enabled alongside
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ascend_routed_experts_capture.importlib, "import_module", fake.__getitem__)
         undo = patch.fix(site)  # type: ignore[arg-type]
@@ -144,7 +144,7 @@ def test_list_and_status_show_every_declared_site() -> None:
         "also changes vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch",
         "decision table reads vllm/v1/engine/core.py",
     ]
-    markdown = cli.catalogue_markdown(cli.catalogue_data())
+    markdown = cli.catalog_markdown(cli.catalog_data())
     assert "triggered by `vllm_ascend.patch.worker:__file__`" in markdown
     assert "also changes `vllm_ascend.attention.sfa_v1:dispose_layer`" in markdown
     assert "also changes `vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch`" in markdown

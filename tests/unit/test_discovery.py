@@ -38,7 +38,7 @@ def dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         sys.modules.pop(f"{catalog.PACKAGE}.{name}", None)
 
 
-def test_a_new_public_module_is_in_the_catalogue(dropped: Path) -> None:
+def test_a_new_public_module_is_in_the_catalog(dropped: Path) -> None:
     found = [m.__name__ for m in catalog.families()]
     assert found == [f"{catalog.PACKAGE}.{name}" for name in (*catalog.FAMILIES, "zz_dropped")]  # not in FAMILIES: last
     assert f"{catalog.PACKAGE}._zz_helper" not in sys.modules  # helpers are not even imported
@@ -46,7 +46,7 @@ def test_a_new_public_module_is_in_the_catalogue(dropped: Path) -> None:
     assert "dropped.example" in {p.name for p in catalog.load().patches}
 
 
-def test_without_it_the_catalogue_order_is_the_families_order() -> None:
+def test_without_it_the_catalog_order_is_the_families_order() -> None:
     names = [m.__name__.rpartition(".")[2] for m in catalog.families()]
     assert names == list(catalog.FAMILIES)  # the order docs/patches.md lists them in
 

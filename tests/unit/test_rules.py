@@ -28,6 +28,7 @@ from verl_npu_autopatch.patches import (
     vllm_moe,
     vllm_rotary_flash_attn_guard,
 )
+from verl_npu_autopatch.patches._capture_trim import trim_rule
 from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patches.ascend_glm52 import rules as glm52_rules
 from verl_npu_autopatch.spec import Verdict
@@ -60,7 +61,21 @@ LOOP = "defrun_busy_loop(self):whileTrue:self.execute_dummy_batch()"
 CAPTURE = Code("defcapture(self,layer_id,topk_ids):...", ("self", "layer_id", "topk_ids"))
 POST = ("sfa_impl", "q_li", "q_li_scale", "q_li_shape_ori", "weights")
 IMPL = "weights=kw[:,self.head_dim:]DeviceOperator.indexer_select_post_process(self,q,s,shape,weights)"
+OWN_ROWS = "if n == token_num_per_dp:\n    pass\n"
 DEEPSTACK = ("self", "hidden_states", "visual_pos_masks", "visual_embeds")
+
+
+def _capture(branches: str, params: str = "self, layer_id, topk_ids") -> ast.stmt:
+    """A capture definition: the DP counts read as the releases read them, then ``branches``."""
+    head = (
+        f"def capture({params}):\n"
+        "    num_tokens_dp = ctx.dp_metadata.num_tokens_across_dp_cpu\n"
+        "    token_num_per_dp = int(num_tokens_dp[self.dp_rank].item())\n"
+        "    max_tokens = int(num_tokens_dp.max().item())\n"
+        "    total_with_padding = max_tokens * len(num_tokens_dp)\n"
+        "    n = topk_ids.shape[0]\n"
+    )
+    return ast.parse(head + textwrap.indent(textwrap.dedent(branches), "    ")).body[0]
 
 
 def _rotary(body: str) -> list[ast.stmt]:
@@ -232,6 +247,28 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         "fixed-upstream",
     ),
     "capture: no module": (lambda: ascend_routed_experts_capture.capture_rule(None, None), "unsupported"),
+    # ascend.routed_experts_dp_padding_trim (_capture_trim)
+    "trim: own-rows branch, padded after the all-gather only": (
+        lambda: trim_rule(_capture(OWN_ROWS + "elif n == total_with_padding:\n    pass\n"), "c"),
+        "apply",
+    ),
+    "trim: own rows compared the other way round": (
+        lambda: trim_rule(_capture("if topk_ids.shape[0] == token_num_per_dp:\n    pass\n"), "c"),
+        "apply",
+    ),
+    "trim: a branch on the widest rank's count": (
+        lambda: trim_rule(_capture(OWN_ROWS + "elif n == max_tokens:\n    pass\n"), "c"),
+        "fixed-upstream",
+    ),
+    "trim: concatenated layout only (vLLM 0.18)": (
+        lambda: trim_rule(_capture("assert n == token_num_per_dp\n"), "c"),
+        "unsupported",
+    ),
+    "trim: another signature": (
+        lambda: trim_rule(_capture(OWN_ROWS, "self, topk_ids"), "c"),
+        "unsupported",
+    ),
+    "trim: no capture": (lambda: trim_rule(None, "c"), "unsupported"),
     # ascend.rms_norm_residual, ascend.sfa_keep_kv_b_proj, ascend.sfa_indexer_scale (glm52_rules)
     "rms_norm: fused add": (
         lambda: glm52_rules.rms_norm_rule(Code("torch_npu.npu_add_rms_norm(x,residual,w)", ("self", "x", "residual"))),

@@ -23,7 +23,7 @@ def test_every_builtin_site_is_under_a_watched_package() -> None:
     }
 
 
-def test_the_catalogue_holds_every_public_module_of_patches_and_no_helper() -> None:
+def test_the_catalog_holds_every_public_module_of_patches_and_no_helper() -> None:
     folder = Path(patches.__file__).parent  # a family is a public module or subpackage of patches/
     on_disk = {p.stem for p in folder.glob("*.py")} | {p.parent.name for p in folder.glob("*/__init__.py")}
     on_disk = {name for name in on_disk if not name.startswith("_")}

@@ -261,7 +261,7 @@ def test_real_vllm_engine_processes_report_patches_applied(tmp_path: Path) -> No
     print("\nengine processes:", summary)
 
 
-def test_patch_catalogue_lists_both_vllm_patches() -> None:
+def test_patch_catalog_lists_both_vllm_patches() -> None:
     from verl_npu_autopatch import catalog
 
     names = [p.name for p in catalog.builtin()]

@@ -17,6 +17,10 @@ The target is vLLM's ``RoutedExpertsCapturer.capture``, replaced by vllm-ascend'
 as ours). The trigger is the ``__file__`` of ``vllm_ascend.patch.worker``: the hook fires right
 after vllm-ascend applied its own worker patches (``NPUWorker.__init__`` → ``adapt_patch()``), the
 very place it would have imported the module itself, and the check reads that file's source.
+
+With ``ascend.routed_experts_dp_padding_trim`` enabled too (and its rule applying to vllm-ascend's
+capture), the capture installed here is already wrapped by that trim (``_capture_trim``): one
+owner of the attribute and one undo; the trim's record says ``yielded`` to this patch.
 """
 
 from __future__ import annotations
@@ -25,8 +29,21 @@ import ast
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from verl_npu_autopatch.patches._capture_trim import (
+    CAPTURE,
+    CAPTURE_PARAMS,
+    CAPTURER,
+    TARGET,
+    TRIGGER,
+    TRIM,
+    WORKER,
+    WORKER_READS,
+    trim_rule,
+    trimmed,
+)
 from verl_npu_autopatch.patches._fingerprints import (
     Code,
     ModuleSource,
@@ -40,19 +57,16 @@ from verl_npu_autopatch.spec import (
     Patch,
     Site,
     StaticRule,
-    Target,
     Undo,
     Verdict,
     fixed_upstream,
     unsupported,
 )
 
-WORKER = "vllm_ascend.patch.worker"
-CAPTURE = f"{WORKER}.patch_routed_experts_capture"
-CAPTURER = "vllm.model_executor.layers.fused_moe.routed_experts_capturer"
 #: 0.18's own capturer patch (note the trailing "r"): replaces init_buffer, not capture.
 OWN_CAPTURER = f"{WORKER}.patch_routed_experts_capturer"
-CAPTURE_PARAMS = ("self", "layer_id", "topk_ids")
+#: The applied reason when the capture installed here carries the trim.
+CARRYING = f"vllm-ascend's capture installed with the DP-padding trim of {TRIM}"
 
 
 def capture_rule(capture: Code | None, worker_init: str | None, already_imported: bool = False) -> Verdict:
@@ -77,13 +91,35 @@ def _read(path: str | None) -> str | None:
         return None
 
 
-def _check(site: Site) -> Verdict:
+def _source() -> tuple[bool, ModuleSource | None]:
+    """Whether vllm-ascend's capture module is there, and its parsed source (``None`` without one)."""
     spec = importlib.util.find_spec(CAPTURE)  # the parent package is imported: nothing executes
     text = _read(getattr(spec, "origin", None)) if spec is not None else None
-    capture = ModuleSource(text).code("capture") if text is not None else None
-    if spec is not None and capture is None and text is None:  # no source (.pyc only): trust presence
+    return spec is not None, ModuleSource(text) if text is not None else None
+
+
+def _check(site: Site) -> Verdict:
+    present, source = _source()
+    capture = source.code("capture") if source is not None else None
+    if present and source is None:  # no source (.pyc only): trust presence
         capture = Code(None, CAPTURE_PARAMS)
-    return capture_rule(capture, _read(site.value), _in_effect())
+    verdict = capture_rule(capture, _read(site.value), _in_effect())
+    return Verdict("apply", CARRYING) if verdict.action == "apply" and _carries_trim(site, lambda: source) else verdict
+
+
+def _carries_trim(site: Site, source: Callable[[], ModuleSource | None]) -> bool:
+    """Whether the capture installed here carries the trim: its patch is enabled in this engine
+    (still pending: it runs after this one on the same trigger; or yielded to this one, when this
+    one is applied again) and its rule applies to vllm-ascend's capture (``source()``, read only then)."""
+    record = site.engine.record(TRIM) if site.engine is not None else None
+    if record is None or not (record.state == "pending" or _yielded_here(record.state, record.reason, site)):
+        return False
+    read = source()
+    return read is not None and trim_rule(read.function_node("capture"), f"{CAPTURE}.capture").action == "apply"
+
+
+def _yielded_here(state: str, reason: str, site: Site) -> bool:
+    return state == "yielded" and site.patch.name in reason
 
 
 def _in_effect() -> bool:
@@ -99,6 +135,8 @@ def _fix(site: Site) -> Undo:
     original = own_value(capturer, "capture")
     # Importing the module assigns its capture (once: re-applied after an undo, it is cached).
     installed = importlib.import_module(CAPTURE).capture
+    if _carries_trim(site, lambda: _source()[1]):
+        installed = trimmed(installed)
     return set_marked(capturer, "capture", installed, site.patch.name, original)
 
 
@@ -137,19 +175,13 @@ PATCHES = [
         summary="Load vllm-ascend's DP/SP-aware RoutedExpertsCapturer.capture where the release does not import it.",
         reference="https://github.com/verl-project/verl/pull/7779",
         groups=("glm52", "ascend"),
-        targets=(Target.parse(f"{CAPTURER}:RoutedExpertsCapturer.capture"),),
-        triggers=(Target.parse(f"{WORKER}:__file__"),),
+        targets=(TARGET,),
+        triggers=(TRIGGER,),
         default=False,
         check=_check,
         fix=_fix,
         static=StaticRule(
-            _static,
-            reads=(
-                "vllm_ascend/patch/worker/__init__.py",
-                "vllm_ascend/patch/worker/patch_routed_experts_capture.py",
-                "vllm_ascend/patch/worker/patch_routed_experts_capturer.py",
-            ),
-            note=_note,
+            _static, reads=(*WORKER_READS, "vllm_ascend/patch/worker/patch_routed_experts_capturer.py"), note=_note
         ),
     ),
 ]
