@@ -1,6 +1,7 @@
 """``Patch.copies``: the engine rebinds the copies of a patched module-level name that other
 modules took with ``from ... import`` (real files, real import statements), declares them as
-sites, re-verifies them and restores each on revert."""
+sites, re-verifies them and restores each on revert; with ``Patch.stale``, the copies another
+owner's replacement of the name left behind (rebound to that owner's value, unmarked)."""
 
 from __future__ import annotations
 
