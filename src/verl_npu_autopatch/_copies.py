@@ -81,7 +81,8 @@ def sites(patch: Patch) -> dict[str, Any]:
     found: dict[str, Any] = {}
     if not patch.copies:
         return found
-    sources = [(t, live) for t, _, live in replaced(patch)] if patch.stale else [(t, _live(t)) for t in patch.targets]
+    stale = patch.stale is not None
+    sources = [(t, live) for t, _, live in replaced(patch)] if stale else [(t, _live(t)) for t in patch.targets]
     for target, value in sources:
         if value is not None:
             found.update((f"{m.__name__}:{n}", value) for m, n in _globals_holding(patch.copies, value, str(target)))
