@@ -75,9 +75,11 @@ def _fused_moe_package(monkeypatch: pytest.MonkeyPatch) -> dict[str, types.Modul
 def moe(
     request: pytest.FixtureRequest, releases: dict, npu: None, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[types.SimpleNamespace]:
-    """One release (``request.param``): the model modules imported, then vllm-ascend's module run."""
-    ascend_root, vllm_root = releases[request.param]
-    vllm_version = upstream.matrix_script().paired_vllm(request.param)
+    """One release (``request.param``; ``"X@V"``: under a vLLM that reports version ``V``, not the
+    paired one): the model modules imported, then vllm-ascend's module run."""
+    label, _, reported = request.param.partition("@")
+    ascend_root, vllm_root = releases[label]
+    vllm_version = reported or upstream.matrix_script().paired_vllm(label)
     stand_ins = {**_ascend_doubles(), **_fused_moe_package(monkeypatch)}
     stand_ins["vllm_ascend.utils"].vllm_version_is = lambda version: version == vllm_version
     with doubles.modules(stand_ins):
@@ -167,4 +169,14 @@ def test_0_23_replaces_nothing_under_its_paired_vllm(moe: types.SimpleNamespace)
     assert moe.package.FusedMoE is moe.original and not hasattr(moe.ascend, "_original_FusedMoE")
     record = upstream.run_engine(family.PATCHES).report()[NAME]
     assert record.state == "unsupported" and "not replaced under this vLLM" in record.reason, record.reason
+    assert all(model.FusedMoE is moe.original for model in moe.models.values())
+
+
+@pytest.mark.parametrize("moe", ["0.23.0@0.24.0", "0.23.0.post1@0.24.0"], indirect=True)
+def test_0_23_under_another_vllm_replaces_and_the_patch_applies(moe: types.SimpleNamespace) -> None:
+    assert moe.package.FusedMoE is moe.ascend._ascend_FusedMoE
+    engine = upstream.run_engine(family.PATCHES)
+    assert engine.report()[NAME].state == "applied", engine.report()[NAME].reason
+    assert all(model.FusedMoE is moe.ascend._ascend_FusedMoE for model in moe.models.values())
+    assert engine.revert() == [NAME]
     assert all(model.FusedMoE is moe.original for model in moe.models.values())

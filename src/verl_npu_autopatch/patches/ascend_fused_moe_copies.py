@@ -107,7 +107,8 @@ def _static(tree: UpstreamTree) -> Verdict:
 
 
 def _note(tree: UpstreamTree) -> str | None:
-    """Which of the model modules read copy a name the release's module replaces, by ``from ... import``."""
+    """Which of the model modules read copy a name the release's module replaces, by ``from ... import``
+    (and, where the replacement is skipped under the paired vLLM, that another vLLM runs it)."""
     source = tree.module(PATCH_MODULE)
     flat = "".join(source.text.split()) if source else ""
     copied = []
@@ -116,7 +117,11 @@ def _note(tree: UpstreamTree) -> str | None:
         found = [m for m, model in models.items() if model is not None and model.imports_from(PACKAGE, name)]
         if found:
             copied.append(f"`{name}` into {', '.join(found)}")
-    return "copied by `from ... import`: " + "; ".join(copied) if copied else None
+    note = "copied by `from ... import`: " + "; ".join(copied) if copied else ""
+    vllm = tree.versions.get("vllm")
+    if source is not None and skipped_under(source, vllm):  # the live check decides from what ran
+        note += ("; " if note else "") + f"it replaces FusedMoE only under a vLLM other than {vllm} (there: applies)"
+    return note or None
 
 
 PATCHES = [
