@@ -7,7 +7,9 @@ module-level name (``_copies.sites``, run at the fix and at every re-check: ``re
 The stand-in is ``vllm.logger:init_logger`` with ``copies=("vllm",)``: nearly every vLLM module
 takes it with ``from vllm.logger import init_logger``, so the scan finds hundreds of copies in the
 largest package this house patches. Paired in interleaved rounds with ``declared_values`` of the
-same patch without ``copies`` (what every other patch pays, unchanged). Medians per call.
+same patch without ``copies`` (what every other patch pays, unchanged), and, for ``Patch.stale``
+(another owner's earlier value, held by no copy), ``sites`` and ``in_place`` (the pipeline's
+"already in place" test: a scan for the earlier value). Medians per call.
 """
 
 from __future__ import annotations
@@ -32,10 +34,15 @@ from verl_npu_autopatch.spec import Patch, Target
 target = (Target("vllm.logger", "init_logger"),)
 with_copies = Patch("bench.copies", "scan", target, lambda site: None, copies=("vllm",), device="any")
 without = Patch("bench.plain", "no scan", target, lambda site: None, device="any")
+earlier = {{target[0]: object()}}  # another owner's earlier value: no copy holds it (nothing left behind)
+stale = Patch("bench.stale", "scan", target, lambda site: None, copies=("vllm",), stale=lambda: earlier, device="any")
 samples = interleave(
     {{
         "sites (copies=vllm)": per_call(lambda: _copies.sites(with_copies), 20),
         "declared_values without copies": per_call(lambda: ownership.declared_values(without), 20),
+        "sites (stale, copies=vllm)": per_call(lambda: _copies.sites(stale), 20),
+        "in_place (stale, copies=vllm)": per_call(lambda: _copies.in_place(stale), 20),
+        "in_place without stale": per_call(lambda: _copies.in_place(without), 20),
     }},
     {rounds},
 )

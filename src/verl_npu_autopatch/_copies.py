@@ -8,6 +8,12 @@ replaced to the value it left (:func:`rebind`, run by the pipeline right after t
 puts the original back in every copy, those taken since included), and the declared sites are
 every such copy (:func:`sites`: globals there holding the target's live value), so
 re-check and the contract check them.
+
+A patch whose targets another owner replaced (vllm-ascend rebinding vLLM's ``FusedMoE`` in the
+package but not in the model modules that copied it earlier) declares ``Patch.stale``: the earlier
+value of each such target. The same rebinding then moves the copies still holding an earlier value
+to the target's live value (another owner's, so unmarked), and its undo puts the earlier value
+back in exactly the copies it rebound.
 """
 
 from __future__ import annotations
@@ -22,9 +28,9 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from verl_npu_autopatch.spec import Patch, Site, Undo
+    from verl_npu_autopatch.spec import Patch, Site, Target, Undo
 
-__all__ = ["holders", "rebind", "sites", "within"]
+__all__ = ["holders", "in_place", "left_behind", "rebind", "replaced", "sites", "within"]
 
 
 def within(name: str, packages: tuple[str, ...]) -> bool:
@@ -50,35 +56,88 @@ def _globals_holding(packages: tuple[str, ...], value: Any, skip: str) -> Iterat
                 yield module, name
 
 
+def _live(target: Target) -> Any:
+    """The value module-level ``target`` holds now (``None`` when its module is not imported)."""
+    module = sys.modules.get(target.module)
+    return None if module is None or "." in target.qualname else vars(module).get(target.qualname)
+
+
+def replaced(patch: Patch) -> list[tuple[Target, Any, Any]]:
+    """``(target, earlier value, live value)`` of each target of ``patch`` another owner replaced,
+    as ``patch.stale`` names them (none when it declares no ``stale``)."""
+    earlier = patch.stale() if patch.stale is not None else {}
+    found = []
+    for target, before in earlier.items():
+        live = _live(target)
+        if before is not None and live is not None and live is not before:
+            found.append((target, before, live))
+    return found
+
+
 def sites(patch: Patch) -> dict[str, Any]:
-    """The copies of each imported module-level target of ``patch``: ``module:name`` -> value, for
-    every global in the imported modules of ``patch.copies`` holding the target's live value."""
+    """The copies of each imported module-level target of ``patch`` (of each target another owner
+    replaced, for a patch declaring ``stale``): ``module:name`` -> value, for every global in the
+    imported modules of ``patch.copies`` holding the target's live value."""
     found: dict[str, Any] = {}
-    for target in patch.targets if patch.copies else ():
-        module = sys.modules.get(target.module)
-        value = None if module is None or "." in target.qualname else vars(module).get(target.qualname)
+    if not patch.copies:
+        return found
+    stale = patch.stale is not None
+    sources = [(t, live) for t, _, live in replaced(patch)] if stale else [(t, _live(t)) for t in patch.targets]
+    for target, value in sources:
         if value is not None:
             found.update((f"{m.__name__}:{n}", value) for m, n in _globals_holding(patch.copies, value, str(target)))
     return found
 
 
+def left_behind(patch: Patch) -> list[str]:
+    """``module:name`` of every copy still holding the earlier value of a target another owner
+    replaced (``patch.stale``)."""
+    return [
+        f"{m.__name__}:{n}"
+        for target, before, _ in replaced(patch)
+        for m, n in _globals_holding(patch.copies, before, str(target))
+    ]
+
+
+def in_place(patch: Patch) -> bool:
+    """Whether a patch declaring ``stale`` has nothing left to do: a target was replaced by
+    another owner and no copy holds an earlier value."""
+    return patch.stale is not None and bool(replaced(patch)) and not left_behind(patch)
+
+
+def _pairs(site: Site) -> list[tuple[Target, Any, Any]]:
+    """``(target, earlier, live)`` whose copies the fix at ``site`` leaves to rebind: the targets
+    another owner replaced (``stale``), else the module-level target the fix replaced itself."""
+    patch = site.patch
+    if patch.stale is not None:
+        return replaced(patch)
+    if site.owner is not site.module or site.target not in patch.targets:
+        return []
+    fixed = vars(site.module).get(site.attribute)
+    return [] if fixed is None or fixed is site.value else [(site.target, site.value, fixed)]
+
+
 def rebind(site: Site, undo: Undo) -> Undo:
-    """After the fix at ``site`` (a module-level name) replaced ``site.value``: rebind every copy of
-    ``site.value`` in the imported modules of ``site.patch.copies`` to the value the fix left. The
-    undo returned puts ``site.value`` back in every global there holding the fix's value then (the
-    copies rebound here and those taken from the fixed module since), then runs ``undo``."""
-    if not site.patch.copies or site.owner is not site.module:
+    """After the fix at ``site``: rebind every copy of an earlier value in the imported modules of
+    ``site.patch.copies`` to its target's live value (the fix's own value, or another owner's for
+    a patch declaring ``stale``). The undo returned puts the earlier value back in every copy
+    rebound here that still holds the live value, and, when that value is the fix's own (it
+    leaves with the undo), in every copy taken from the fixed module since; then runs ``undo``."""
+    pairs = _pairs(site) if site.patch.copies else []
+    if not pairs:
         return undo
-    original, fixed = site.value, vars(site.module).get(site.attribute)
-    if fixed is None or fixed is original:
-        return undo
-    packages, skip = site.patch.copies, f"{site.module.__name__}:{site.attribute}"
-    for module, name in list(_globals_holding(packages, original, skip)):
-        setattr(module, name, fixed)
+    packages, rebound = site.patch.copies, set()
+    for target, before, live in pairs:
+        for module, name in list(_globals_holding(packages, before, str(target))):
+            setattr(module, name, live)
+            rebound.add((module, name))
+    own = site.patch.stale is None
 
     def restore() -> None:
-        for module, name in list(_globals_holding(packages, fixed, skip)):
-            setattr(module, name, original)
+        for target, before, live in pairs:
+            for module, name in list(_globals_holding(packages, live, str(target))):
+                if own or (module, name) in rebound:
+                    setattr(module, name, before)
         undo()
 
     return restore

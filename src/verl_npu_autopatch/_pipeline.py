@@ -79,6 +79,9 @@ def run(
                 return Outcome("yielded", yielded, target, rejected=rejected)
             if marked_by(site.value) == patch.name or ownership.fixed_through_trigger(patch):
                 return Outcome("applied", f"already in place ({describe(site.value)})", target, site, None, rejected)
+            if _copies.in_place(patch):
+                reason = f"already in place: no copy in {', '.join(patch.copies)} holds a replaced value"
+                return Outcome("applied", reason, target, site, None, rejected)
             stage = "check"
             verdict = patch.check(site) if patch.check is not None else None
             if verdict is not None and verdict.action == "unsupported":

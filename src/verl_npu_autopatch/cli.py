@@ -59,11 +59,16 @@ def _with_requires(target: Target) -> str:
     return str(target) + (f" ({', '.join(target.requires)})" if target.requires else "")
 
 
+#: How :func:`touches` shows a target of a patch declaring ``stale`` (the source of the copies it rebinds).
+STALE_SOURCE = "rebinds the stale copies of "
+
+
 def touches(patch: Patch) -> list[str]:
     """Everything ``patch`` declares it touches, one line each: its targets, then the triggers whose
     import runs it, the secondary sites its fix also changes and the upstream files its static rule
     reads for the decision table."""
-    lines = [_with_requires(t) for t in patch.targets]
+    source = STALE_SOURCE if patch.stale is not None else ""  # another owner replaced them: their copies are fixed
+    lines = [source + _with_requires(t) for t in patch.targets]
     lines += [f"triggered by {_with_requires(t)}" for t in patch.triggers]
     lines += [f"also changes {t}" for t in patch.secondary]
     lines += [f"also changes {sites} (found in the live module)" for sites in patch.computed]
@@ -214,7 +219,7 @@ def _markdown_site(line: str) -> str:
     """One line of :func:`touches` in the catalog table: places and files as code."""
     line, found, note = line.partition(" (found in")
     note = found + note
-    for label in ("triggered by ", "also changes ", "decision table reads "):
+    for label in ("triggered by ", "also changes ", "decision table reads ", STALE_SOURCE):
         if line.startswith(label):
             items = line[len(label) :].split(", ") if label.endswith("reads ") else [line[len(label) :]]
             return label + ", ".join(f"`{item}`" for item in items) + note

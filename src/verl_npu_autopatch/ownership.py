@@ -131,10 +131,10 @@ def site_value(module: ModuleType, path: str) -> Any:
 
 def declared_values(patch: Patch) -> dict[str, Any]:
     """Each further site ``patch`` declares (``secondary``, the targets of a patch hooked on its
-    ``triggers``, ``computed`` and ``copies`` found live) -> its raw live value, keyed
-    ``module:path``; a site whose module is not imported is left out."""
+    ``triggers`` unless it declares ``stale``, ``computed`` and ``copies`` found live) -> its raw
+    live value, keyed ``module:path``; a site whose module is not imported is left out."""
     values = {}
-    for target in (*patch.secondary, *(patch.targets if patch.triggers else ())):
+    for target in (*patch.secondary, *(patch.targets if patch.triggers and patch.stale is None else ())):
         module = sys.modules.get(target.module)
         if module is not None:
             values[str(target)] = site_value(module, target.qualname)
@@ -193,8 +193,8 @@ def installation(site: Site, reason: str, undo: Any = None) -> Installation:
         if enclosing is not None:
             via[target] = enclosing[1]
     spec = getattr(site.module, "__spec__", None)
-    name = site.patch.name
-    also = {where: v for where, v in declared_values(site.patch).items() if marked_by(v) == name}
+    copies = _copies.sites(site.patch)  # a copy holds its source's live value: ours, or another owner's (stale)
+    also = {w: v for w, v in declared_values(site.patch).items() if marked_by(v) == site.patch.name or w in copies}
     return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks, also)
 
 

@@ -152,8 +152,12 @@ class Patch:
     ``computed`` further families of them found in the live module (:class:`ComputedSites`);
     ``copies`` names packages whose modules may hold copies of a module-level target taken with
     ``from ... import`` before the fix: the engine rebinds each to the fix's value, declares them
-    as sites and restores them on revert (``_copies``); ``static`` is its rule on a release's
-    source for the decision table.
+    as sites and restores them on revert (``_copies``). ``stale`` is for a patch whose targets
+    another owner replaced (vllm-ascend rebinding vLLM's ``FusedMoE``): it returns, for each target
+    so replaced, the value it held before, which copies taken earlier still hold; the engine
+    rebinds those copies to the target's live value (the fix then changes nothing else, and the
+    targets are the copies' sources, not sites). ``static`` is its rule on a release's source for
+    the decision table.
 
     ``defined_at`` (``path.py:line``, shown by ``list --json`` and ``status --all``) is filled in
     when the patch is made: the line of the family (or plugin) that made it, past the helpers in
@@ -176,6 +180,7 @@ class Patch:
     secondary: tuple[Target, ...] = ()
     computed: tuple[ComputedSites, ...] = ()
     copies: tuple[str, ...] = ()
+    stale: Callable[[], dict[Target, Any]] | None = None
     static: StaticRule | None = None
     defined_at: str = field(default="", compare=False)
 
@@ -186,6 +191,8 @@ class Patch:
             raise ValueError(f"patch {self.name} has no targets")
         if self.copies and any("." in t.qualname for t in self.targets):
             raise ValueError(f"patch {self.name}: copies are rebound for module-level targets only")
+        if self.stale is not None and not self.copies:
+            raise ValueError(f"patch {self.name}: stale values are declared for copies only")
         if self.device not in ("npu-stack", "npu-device", "any"):
             raise ValueError(f"patch {self.name}: unknown device requirement {self.device!r}")
         if not self.defined_at:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_fused_moe_copies import moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_capture import release  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_dp_padding_trim import paired  # noqa: F401  (fixture)
@@ -21,6 +22,7 @@ from tests.ascend.test_vllm_routed_experts_padding_slots import capturer  # noqa
 from tests.support import contract
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
+    ascend_fused_moe_copies,
     ascend_gate_fp32_in_place,
     ascend_glm52,
     ascend_routed_experts_capture,
@@ -90,3 +92,15 @@ def test_routed_experts_dp_padding_trim(paired: types.ModuleType) -> None:  # no
     assert _applied(ascend_routed_experts_dp_padding_trim.PATCHES) == {
         "ascend.routed_experts_dp_padding_trim": {target}
     }
+
+
+@pytest.mark.parametrize(
+    ("moe", "names"),
+    [("0.24.0rc1", ascend_fused_moe_copies.NAMES), ("0.26.0rc1", ascend_fused_moe_copies.NAMES[:1])],
+    indirect=["moe"],
+)
+def test_fused_moe_copies(moe: types.SimpleNamespace, names: tuple[str, ...]) -> None:  # noqa: F811
+    """The sites are the early model modules' copies of the names vllm-ascend replaced, each holding
+    vllm-ascend's (unmarked) value."""
+    expected = {f"{model}:{name}" for model in moe.models for name in names}
+    assert _applied(ascend_fused_moe_copies.PATCHES) == {"ascend.fused_moe_copies": expected}

@@ -10,7 +10,10 @@ on the real upstream modules, through the engine's own pipeline (``_pipeline.run
    after) are exactly the declared sites: the variant applied, the ``secondary`` targets, the
    ``computed`` sites found in the live module and the ``copies`` of the target; no module of
    those packages still holds the value the fix replaced;
-3. marker: every value the fix left at a changed site is marked with the patch's name;
+3. marker: every value the fix left at a changed site is marked with the patch's name, except at a
+   copy site (a global of a ``copies`` package taken with ``from ... import``): a copy is correct
+   when it holds exactly the live value of its source attribute (for our own fix that value is
+   the marked one; for a patch declaring ``stale``, the value another owner put there);
 4. already in place: deciding again changes nothing and installs no second undo;
 5. undo restores exactly: every declared module is again as it was before the fix, value for value;
 6. apply again: the same sites change again, and the second undo restores them again.
@@ -168,12 +171,14 @@ def check_contract(patch: Patch) -> Finding:
         installed = snapshot(patch)
         touched = changed(before, installed)
         assert touched == declared(patch, first.target, first.undo), f"{patch.name}: changed {sorted(touched)}"
-        unmarked = sorted(p for p in touched if _marked(installed.get(p)) != patch.name)
-        assert not unmarked, f"{patch.name}: left unmarked values at {unmarked}"
+        sources = _copies.sites(patch)  # the copy sites: each holds its source attribute's live value
+        unmarked = sorted(p for p in touched - sources.keys() if _marked(installed.get(p)) != patch.name)
+        assert not unmarked, f"{patch.name}: left unmarked values (nor a copy of a live source) at {unmarked}"
         replaced = before.get(str(first.target))
         copies = [p for p in installed if _copies.within(p.partition(":")[0], patch.copies)]
-        stale = sorted(p for p in copies if installed[p] is replaced)
-        assert replaced is None or not stale, f"{patch.name}: copies of the replaced value left at {stale}"
+        stale = sorted(p for p in copies if replaced is not None and installed[p] is replaced)
+        stale += _copies.left_behind(patch)
+        assert not stale, f"{patch.name}: copies of the replaced value left at {stale}"
         if not getattr(first.undo, THROUGH_TARGET, False):  # else the target holds no mark to find
             again = _run(patch)
             assert (again.state, again.undo) == ("applied", None), f"{patch.name}: decided again: {again.reason}"

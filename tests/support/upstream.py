@@ -1,9 +1,11 @@
 """Load real upstream code from the downloaded releases (``scripts/compat-matrix`` cache).
 
-Two ways, both executing the release's own code:
+Three ways, all executing the release's own code:
 
 - :func:`load_file` runs a whole upstream file as its real module name, after the test put
   doubles for its imports into ``sys.modules`` (used for ``layernorm.py`` and ``camem.py``);
+- :func:`load_imports` runs only a file's ``from ... import`` statements of chosen modules (the
+  copies a vLLM model module takes);
 - :func:`load_subset` runs only chosen classes (and in them only chosen methods) and top-level
   functions of a file whose imports are far too heavy for a CPU host (``sfa_v1.py``, vLLM's
   ``core.py``). The code keeps the release's file name and line numbers, so ``inspect.getsource``
@@ -73,6 +75,20 @@ def load_subset(
     module.__dict__.update(namespace or {})
     code = compile(ast.Module(body=body, type_ignores=[]), str(path), "exec")
     exec(code, module.__dict__)
+    return module
+
+
+def load_imports(path: Path, name: str, sources: tuple[str, ...]) -> types.ModuleType:
+    """Module ``name`` (not added to ``sys.modules``) that ran only the top-level ``from M import ...``
+    statements of ``path`` for ``M`` in ``sources``: the release's own copies of those names, taken
+    from whatever ``sys.modules`` holds under ``M`` (a model module of vLLM, its heavy rest left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    body = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module in sources and not n.level]
+    if not body:
+        raise LookupError(f"{path} has no top-level import from {sources}")
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), module.__dict__)
     return module
 
 

@@ -1,6 +1,7 @@
 """``Patch.copies``: the engine rebinds the copies of a patched module-level name that other
 modules took with ``from ... import`` (real files, real import statements), declares them as
-sites, re-checks them and restores each on revert."""
+sites, re-checks them and restores each on revert; with ``Patch.stale``, the copies another
+owner's replacement of the name left behind (rebound to that owner's value, unmarked)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.support import contract
 from verl_npu_autopatch import cli, ownership
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.patches._family import copies_only
 from verl_npu_autopatch.patching import marked_by, set_marked
 from verl_npu_autopatch.spec import Patch, Site, Target, Undo
 
@@ -127,3 +129,102 @@ def test_copies_are_shown_and_only_module_level_targets_may_declare_them() -> No
     assert cli._markdown_site(cli.touches(PATCH)[-1]).startswith(f"also changes `{PACKAGE}.*:<copies of the target>` (")
     with pytest.raises(ValueError, match="module-level targets only"):
         Patch("test.bad", "A method has no copies.", (Target(SOURCE, "Cls.meth"),), _fix, copies=(PACKAGE,))
+
+
+# ----------------------------------------------------------------------------- another owner's value
+OWNER = "autopatch_copies_owner"
+OWNER_TEXT = (
+    f"import {SOURCE} as _source\n\n_original_greet = _source.greet\n\n"
+    "def greet():\n    return 'owner'\n\n_source.greet = greet\n"
+)
+
+
+def _earlier() -> dict[Target, object]:
+    owner = sys.modules.get(OWNER)
+    return {} if owner is None else {Target(SOURCE, "greet"): owner._original_greet}
+
+
+STALE = Patch(
+    "test.stale_copies",
+    "Rebinds the copies another owner's replacement of greet left behind.",
+    targets=(Target(SOURCE, "greet"),),
+    triggers=(Target(OWNER, "__file__"),),
+    fix=copies_only,
+    copies=(PACKAGE,),
+    stale=_earlier,
+    device="any",
+)
+
+
+@pytest.fixture
+def owner(modules: dict[str, ModuleType], tmp_path: Path) -> Iterator[ModuleType]:
+    """Another owner's module replacing ``greet`` in the source module, after the copies were taken."""
+    (tmp_path / f"{OWNER}.py").write_text(OWNER_TEXT, encoding="utf-8")
+    yield importlib.import_module(OWNER)
+    sys.modules.pop(OWNER, None)
+
+
+def _stale_engine() -> Engine:
+    engine = Engine([STALE], Config(device="npu"))
+    engine.activate("test")
+    return engine
+
+
+def test_copies_another_owner_left_stale_are_rebound_to_its_value(
+    modules: dict[str, ModuleType], owner: ModuleType
+) -> None:
+    upstream, early = owner._original_greet, modules[f"{PACKAGE}.early"]
+    assert early.hello is upstream and early.run() == "upstream"  # the stale copy the bug is about
+    engine = _stale_engine()
+    record = engine.report().records[0]
+    assert (record.state, record.reason) == ("applied", "fix installed")
+    assert modules[PACKAGE].greet is owner.greet and early.hello is owner.greet and early.run() == "owner"
+    assert marked_by(owner.greet) is None  # the copies hold the other owner's value as it is
+    assert modules[OUTSIDE].greet is upstream
+    assert set(ownership.declared_values(STALE)) == {f"{PACKAGE}:greet", f"{PACKAGE}.early:hello"}
+    late = importlib.import_module(f"{PACKAGE}.late")  # taken after the other owner's replacement
+    assert engine.revert() == [STALE.name]
+    assert (modules[PACKAGE].greet, early.hello, modules[SOURCE].greet) == (upstream, upstream, owner.greet)
+    assert late.greet is owner.greet  # not ours to restore
+
+
+def test_a_copy_displaced_after_the_rebinding_supersedes_the_record(
+    modules: dict[str, ModuleType], owner: ModuleType
+) -> None:
+    engine = _stale_engine()
+    early = modules[f"{PACKAGE}.early"]
+    rebound, early.hello = early.hello, print
+    (record,) = engine.report().records
+    assert (record.state, record.reason.split(", now")[0]) == ("superseded", f"also changes {PACKAGE}.early:hello")
+    assert engine.revert() == [] and early.hello is print
+    early.hello = rebound  # ours again: revert() takes it back (and the engine stops watching)
+    assert engine.revert() == [STALE.name] and early.hello is owner._original_greet
+
+
+def test_no_stale_copy_leaves_nothing_to_rebind(modules: dict[str, ModuleType], owner: ModuleType) -> None:
+    for module in (modules[PACKAGE], modules[f"{PACKAGE}.early"]):
+        for name, value in list(vars(module).items()):
+            if value is owner._original_greet:
+                setattr(module, name, owner.greet)
+    engine = _stale_engine()
+    record = engine.report().records[0]
+    expected = f"already in place: no copy in {PACKAGE} holds a replaced value"
+    assert (record.state, record.reason) == ("applied", expected)
+    engine.revert()  # nothing to undo; the engine stops watching the owner's module
+
+
+def test_the_contract_takes_another_owners_value_in_a_copy(modules: dict[str, ModuleType], owner: ModuleType) -> None:
+    assert contract.check_contract(STALE).changed == {f"{PACKAGE}:greet", f"{PACKAGE}.early:hello"}
+
+
+def test_the_contract_fails_a_stale_patch_that_leaves_a_copy_behind(
+    modules: dict[str, ModuleType], owner: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("verl_npu_autopatch._copies.rebind", lambda site, undo: undo)
+    with pytest.raises(AssertionError, match=f"copies of the replaced value left at .*{PACKAGE}"):
+        contract.check_contract(STALE)
+
+
+def test_stale_values_need_copies() -> None:
+    with pytest.raises(ValueError, match="stale values are declared for copies only"):
+        Patch("test.bad", "No copies.", (Target(SOURCE, "greet"),), copies_only, stale=dict)

@@ -12,6 +12,7 @@ import pytest
 
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
+    ascend_fused_moe_copies,
     ascend_routed_experts_capture,
     liger_arbitration,
     megatron_expert_bias_fp32,
@@ -29,7 +30,7 @@ from verl_npu_autopatch.patches import (
     vllm_rotary_flash_attn_guard,
 )
 from verl_npu_autopatch.patches._capture_trim import trim_rule
-from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource
 from verl_npu_autopatch.patches.ascend_glm52 import rules as glm52_rules
 from verl_npu_autopatch.spec import Verdict
 
@@ -76,6 +77,15 @@ def _capture(branches: str, params: str = "self, layer_id, topk_ids") -> ast.stm
         "    n = topk_ids.shape[0]\n"
     )
     return ast.parse(head + textwrap.indent(textwrap.dedent(branches), "    ")).body[0]
+
+
+FUSED_MOE = "_original_FusedMoE = _fused_moe_layer.FusedMoE\n_fused_moe_pkg.FusedMoE = _ascend_FusedMoE\n"
+FUSED_MOE_GUARDED = 'if not vllm_version_is("0.23.0"):\n' + textwrap.indent(FUSED_MOE, "    ")
+REBINDS_COPIES = (
+    "for name, module in list(sys.modules.items()):\n"
+    '    if name.startswith("vllm.model_executor.models"):\n'
+    "        module.FusedMoEFactory = _ascend_FusedMoE\n"
+)
 
 
 def _rotary(body: str) -> list[ast.stmt]:
@@ -375,6 +385,29 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         lambda: verl_defer_duplicates.rotary_patcher_rule(Code("pass", ()), True),
         "unsupported",
     ),
+    # ascend.fused_moe_copies
+    "fused_moe copies: replaced, copies left": (lambda: ascend_fused_moe_copies.copies_rule(FUSED_MOE), "apply"),
+    "fused_moe copies: not replaced under this vLLM": (
+        lambda: ascend_fused_moe_copies.copies_rule(FUSED_MOE, replaced=False),
+        "unsupported",
+    ),
+    "fused_moe copies: copies rebound upstream": (
+        lambda: ascend_fused_moe_copies.copies_rule(FUSED_MOE + REBINDS_COPIES),
+        "fixed-upstream",
+    ),
+    "fused_moe copies: no module": (lambda: ascend_fused_moe_copies.copies_rule(None), "unsupported"),
+    "fused_moe copies: keeps no original": (
+        lambda: ascend_fused_moe_copies.copies_rule("_fused_moe_pkg.FusedMoE = f"),
+        "unsupported",
+    ),
+    "fused_moe copies: guarded by the paired vLLM": (
+        lambda: ascend_fused_moe_copies.skipped_under(ModuleSource(FUSED_MOE_GUARDED), "0.23.0"),
+        True,
+    ),
+    "fused_moe copies: guarded by another vLLM": (
+        lambda: ascend_fused_moe_copies.skipped_under(ModuleSource(FUSED_MOE_GUARDED), "0.24.0"),
+        False,
+    ),
     # vllm.moe_weight_loader
     "moe: known loader": (
         lambda: vllm_moe.parameters_rule("L.weight_loader", vllm_moe.EXPECTED_PARAMETERS, "f"),
@@ -402,7 +435,7 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
 def test_the_rule_decides(case: str) -> None:
     rule, expected = CASES[case]
     decided = rule()
-    assert (decided if isinstance(decided, str) else decided.action) == expected, decided
+    assert (decided if isinstance(decided, (str, bool)) else decided.action) == expected, decided
 
 
 def _apply_liger_kernel_to_toy(rope: bool = True, swiglu: bool = True, rms_norm: bool = False) -> None:

@@ -3,7 +3,8 @@ target's code (the live callable for ``check``, a release's source for the decis
 fixes by wrapping the target method.
 
 A family then writes only what is its own: the rule (``Code`` -> ``Verdict``), the wrapper
-(``wrap(site, original)`` -> the replacement) and the spec's words.
+(``wrap(site, original)`` -> the replacement) and the spec's words. A patch whose only change is
+the engine's rebinding of stale copies (``Patch.stale``) takes :func:`copies_only` as its fix.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
 from verl_npu_autopatch.patching import replace_method
 from verl_npu_autopatch.spec import Patch, Site, StaticRule, Target, Undo, Verdict
 
-__all__ = ["Rule", "Wrap", "code_check", "judged", "wrapping_fix", "wrapping_patch"]
+__all__ = ["Rule", "Wrap", "code_check", "copies_only", "judged", "wrapping_fix", "wrapping_patch"]
 
 #: A family's decision on the target's code.
 Rule = Callable[[Code], Verdict]
@@ -74,3 +75,13 @@ def wrapping_patch(
         static=StaticRule(static or judged(parsed, rule), reads=reads),
         **spec,
     )
+
+
+def copies_only(site: Site) -> Undo:
+    """``fix`` of a patch whose whole change is the engine's rebinding of the copies another owner
+    left stale (``Patch.stale``): nothing else to change, nothing else to undo."""
+    return _nothing
+
+
+def _nothing() -> None:
+    """The undo of :func:`copies_only` (the engine's rebinding carries its own)."""
