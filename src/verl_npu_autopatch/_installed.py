@@ -1,8 +1,7 @@
 """Applying each pending patch and keeping what it installed: the pipeline's outcome recorded
 in the patch's slot, what was installed remembered there, re-checked against the live attribute
 (``ownership.recheck``), applied again after ``importlib.reload``, handed over between patches
-(the :class:`~verl_npu_autopatch.handover.HandOver` methods the engine forwards here) and
-reverted.
+(it is the :class:`~verl_npu_autopatch.handover.HandOver` the fixes' sites carry) and reverted.
 
 :class:`Installations` is an object the engine holds; what it needs from the engine is the narrow
 :class:`Host` interface, and nothing else."""
@@ -23,14 +22,12 @@ if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inert path neve
     from verl_npu_autopatch._config import Config
     from verl_npu_autopatch._pipeline import Outcome
     from verl_npu_autopatch._slots import Slot
-    from verl_npu_autopatch.handover import HandOver
     from verl_npu_autopatch.records import Record, RecordState
     from verl_npu_autopatch.spec import Patch, Site, Undo
 
-    class Host(HandOver, Protocol):
+    class Host(Protocol):
         """What :class:`Installations` needs from the engine holding it: the lock over the slots and
-        their records, the slots, the configuration (set by activation), recording a decision,
-        and itself as the hand-over the fixes' sites carry."""
+        their records, the slots, the configuration (set by activation), recording a decision."""
 
         @property
         def lock(self) -> Any: ...  # an ``_thread.RLock``, replaced in a forked child
@@ -109,7 +106,7 @@ class Installations:
             absent = frozenset(self._absent)
         try:
             outcome = _pipeline.run(
-                patch, slot.variants, slot.record.versions, module, config, absent=absent, engine=host
+                patch, slot.variants, slot.record.versions, module, config, absent=absent, engine=self
             )
             return self._record_outcome(slot, outcome, module, config)
         finally:
@@ -171,7 +168,7 @@ class Installations:
         for slot, where in installed:
             record = slot.record
             try:
-                state, reason = ownership.recheck(_patch_of(slot), record.versions, where, host)
+                state, reason = ownership.recheck(_patch_of(slot), record.versions, where, self)
             except Exception as exc:  # a detector bug must not break report()
                 _logging.logger().debug("re-checking %s raised %r", record.name, exc, exc_info=True)
                 continue
@@ -195,7 +192,7 @@ class Installations:
         for slot, target in yields:
             record = slot.record
             try:
-                reason = ownership.yielded_reason(_patch_of(slot), target, record.versions, host)
+                reason = ownership.yielded_reason(_patch_of(slot), target, record.versions, self)
             except Exception as exc:  # a detector bug must not break report()
                 _logging.logger().debug("re-checking %s raised %r", record.name, exc, exc_info=True)
                 continue

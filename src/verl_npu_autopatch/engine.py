@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from verl_npu_autopatch._observer import ObserverControls
     from verl_npu_autopatch._slots import Slot
+    from verl_npu_autopatch.handover import HandOver
     from verl_npu_autopatch.records import EngineStatus, Record, RecordState, Report
     from verl_npu_autopatch.spec import Patch
 
@@ -50,9 +51,8 @@ class Engine:
 
     ``catalog`` and ``config`` default to the built-in catalog (plus entry points) and the environment; tests
     pass their own. ``observer`` is the process's start-up observer, given to the process-wide engine alone (by
-    default a ``_observer.NullObserver``). Each patch has one :class:`~._slots.Slot`; the engine itself passes as
-    ``site.engine``, the :class:`~verl_npu_autopatch.handover.HandOver` of patch families that arbitrate with other
-    patches (it forwards those calls to its :class:`~._installed.Installations`).
+    default a ``_observer.NullObserver``). Each patch has one :class:`~._slots.Slot`; its
+    :class:`~._installed.Installations` is the fixes' ``site.engine`` (:attr:`hand_over`).
     """
 
     def __init__(
@@ -335,26 +335,18 @@ class Engine:
 
         self._installed.recheck()
         with self._lock:
-            records = [record for name in self._slots if (record := self.record(name)) is not None]
+            records = [record for name in self._slots if (record := self._installed.record(name)) is not None]
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
     def revert(self, name: str | None = None) -> list[str]:
         """Undo applied patches (all, one by name, or a group; :meth:`~._installed.Installations.revert`)."""
         return self._installed.revert(name)
 
-    # ----------------------------------------------------------------- hand-over (``HandOver``)
-    # What the fixes' ``site.engine`` offers; ``Installations`` does the work (see its docstrings).
-    def record(self, name: str) -> Record | None:
-        return self._installed.record(name)
-
-    def note(self, name: str, text: str) -> None:
-        self._installed.note(name, text)
-
-    def reapply(self, name: str, when: Callable[[Any], bool]) -> bool:
-        return self._installed.reapply(name, when)
-
-    def yield_to(self, name: str, owner: str) -> bool:
-        return self._installed.yield_to(name, owner)
+    @property
+    def hand_over(self) -> HandOver:
+        """What the fixes' ``site.engine`` is: the records, notes, re-applying and yielding of
+        patches that arbitrate (:class:`~._installed.Installations`)."""
+        return self._installed
 
 
 # --------------------------------------------------------------------- process-wide engine

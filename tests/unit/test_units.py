@@ -53,7 +53,7 @@ def test_yield_to_only_takes_pending_or_applied(module_name: str) -> None:
     engine = Engine([plus_one_patch(module_name, requires=("nosuchdist>=1",))], Config(device="npu"))
     engine.activate("unit")
     assert engine.report()["unit.plus_one"].state == "gated"
-    assert engine.yield_to("unit.plus_one", "someone") is False
+    assert engine.hand_over.yield_to("unit.plus_one", "someone") is False
     assert engine.report()["unit.plus_one"].state == "gated"
 
 
@@ -62,7 +62,7 @@ def test_yield_to_reverts_an_applied_patch(module_name: str) -> None:
     engine.activate("unit")
     module = __import__(module_name)
     assert module.Box().value() == 2
-    assert engine.yield_to("unit.plus_one", "liger-kernel (apply_x)") is True
+    assert engine.hand_over.yield_to("unit.plus_one", "liger-kernel (apply_x)") is True
     record = engine.report()["unit.plus_one"]
     assert (record.state, record.reason) == ("yielded", "target handed to liger-kernel (apply_x)")
     assert module.Box().value() == 1
@@ -89,7 +89,7 @@ def test_yield_to_keeps_an_undo_that_raises_out_of_the_callers_way(
     module = __import__(module_name)
     assert module.Box().value() == 2
     with caplog.at_level(logging.ERROR, logger="verl_npu_autopatch"):
-        assert engine.yield_to("unit.bad_undo", "liger-kernel (apply_x)") is True
+        assert engine.hand_over.yield_to("unit.bad_undo", "liger-kernel (apply_x)") is True
     record = engine.report()["unit.bad_undo"]
     assert (record.state, record.reason) == (
         "failed",
@@ -100,8 +100,9 @@ def test_yield_to_keeps_an_undo_that_raises_out_of_the_callers_way(
     assert engine.revert() == []  # the undo is not tried again
 
 
-def test_the_engine_is_the_hand_over_its_fixes_receive(module_name: str) -> None:
-    """``site.engine`` is the engine, offering every ``HandOver`` method; ``record`` is a copy."""
+def test_the_engine_hand_over_is_what_its_fixes_receive(module_name: str) -> None:
+    """``site.engine`` is the engine's ``hand_over``, offering every ``HandOver`` method; ``record``
+    is a copy."""
     seen = []
 
     def fix(site):
@@ -112,14 +113,14 @@ def test_the_engine_is_the_hand_over_its_fixes_receive(module_name: str) -> None
     engine = Engine([patch], Config(device="npu"))
     engine.activate("unit")
     __import__(module_name)
-    assert seen == [engine]
+    assert seen == [engine.hand_over]
     members = {n for n in vars(HandOver) if not n.startswith("_")}
     assert members == {"record", "note", "yield_to", "reapply"}
-    assert all(callable(getattr(engine, n)) for n in members)
-    record = engine.record("unit.hand_over")
+    assert all(callable(getattr(engine.hand_over, n)) for n in members)
+    record = engine.hand_over.record("unit.hand_over")
     assert (record.state, record.reason) == ("applied", "fix installed")
     record.state = "changed by the caller"
-    assert engine.records["unit.hand_over"].state == "applied" and engine.record("nothing.here") is None
+    assert engine.records["unit.hand_over"].state == "applied" and engine.hand_over.record("nothing.here") is None
 
 
 def test_undo_never_clobbers_a_later_owner() -> None:
@@ -162,11 +163,11 @@ def test_reapply_applies_afresh_over_another_owners_value(module_name: str) -> N
         return 10
 
     module.Box.value = theirs
-    assert engine.reapply("unit.plus_one", lambda value: False) is False
-    assert engine.reapply("nothing.here", lambda value: True) is False
-    assert engine.reapply("unit.plus_one", lambda value: value is theirs) is True
+    assert engine.hand_over.reapply("unit.plus_one", lambda value: False) is False
+    assert engine.hand_over.reapply("nothing.here", lambda value: True) is False
+    assert engine.hand_over.reapply("unit.plus_one", lambda value: value is theirs) is True
     assert module.Box().value() == 11
-    assert engine.record("unit.plus_one").state == "applied"
+    assert engine.hand_over.record("unit.plus_one").state == "applied"
     assert engine.revert() == ["unit.plus_one"]
     assert module.Box.__dict__["value"] is theirs
 
