@@ -1,6 +1,8 @@
 """The engine's post-import hooks: one wrapt hook per target module, and the modules that were
 still executing when their hook was due (another thread's, or the package whose import woke the
-engine), handled when they finish, or hooked again when their import failed."""
+engine), handled when they finish, or hooked again when their import failed; and what the engine reads of
+the import system while it activates: its deadlock bookkeeping (:func:`blocked_on_us`) and the
+depth of the stack (:func:`stack_depth`)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from types import ModuleType
 
-__all__ = ["Hooks"]
+__all__ = ["Hooks", "blocked_on_us", "stack_depth"]
 
 
 class Hooks:
@@ -39,7 +41,7 @@ class Hooks:
         at once; one still executing is deferred (see :meth:`loaded` and :meth:`catch_up`)."""
         import wrapt
 
-        from verl_npu_autopatch._resolution import initializing
+        from verl_npu_autopatch._pipeline import initializing
 
         with self._lock:
             modules = [module for module in wanted if module not in self._hooked]
@@ -81,7 +83,7 @@ class Hooks:
         """Applying the fixes of ``module`` was interrupted (``KeyboardInterrupt``): if its import
         is under way, that import fails now; hook its retry. (A module imported already is hooked
         afresh by the next activation: :meth:`forget_imported`.)"""
-        from verl_npu_autopatch._resolution import initializing
+        from verl_npu_autopatch._pipeline import initializing
 
         name = getattr(module, "__name__", "")
         if not name or not initializing(sys.modules.get(name)):
@@ -124,7 +126,7 @@ class Hooks:
         import failed meanwhile."""
         if not self._deferred:
             return
-        from verl_npu_autopatch._resolution import initializing
+        from verl_npu_autopatch._pipeline import initializing
 
         with self._lock:
             ready = [m for m in self._deferred if m in sys.modules and not initializing(sys.modules[m])]
@@ -133,3 +135,34 @@ class Hooks:
         self._hook_later(failed)
         for name in ready:
             self._on_import(sys.modules[name])
+
+
+def blocked_on_us(activator: int) -> bool:
+    """Whether thread ``activator`` waits, through a chain of module locks, for one this thread
+    holds (read from the import system's own deadlock bookkeeping, ``_blocking_on``; ``False``
+    where it is not there): an import held for the activation must then go on, or deadlock."""
+    try:
+        blocking = getattr(sys.modules.get("_frozen_importlib"), "_blocking_on", None)
+        me, seen = _thread.get_ident(), set()
+        thread: int | None = activator
+        while blocking and thread not in seen:
+            seen.add(thread)
+            locks = blocking.get(thread)
+            if locks is None:
+                return False
+            owners = [getattr(lock, "owner", None) for lock in (locks if isinstance(locks, list) else [locks])]
+            if me in owners:
+                return True
+            thread = next((owner for owner in owners if owner is not None), None)
+        return False
+    except Exception:  # private CPython bookkeeping whose shape may change: then no deadlock is seen
+        return False
+
+
+def stack_depth() -> int:
+    """How many frames deep the caller is (an activation that ran out of stack is retried only
+    from a shallower one)."""
+    frame, depth = sys._getframe(1), 1
+    while frame.f_back is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth

@@ -1,7 +1,7 @@
 """The engine's life cycle: activation, hook registration, applying each patch as its target is
-imported, and the in-process records (``report``, ``revert``). Its other jobs: ``_resolution``
-(targets), ``_pipeline`` (one patch's decision), ``_slots``, ``_logging``, and the objects it holds,
-``_hooks.Hooks`` and ``_installed.Installations`` (what was installed: verification, hand-over, revert).
+imported, and the in-process records (``report``, ``revert``). Its other jobs: ``_pipeline`` (one
+patch's decision, its target resolved), ``_slots``, ``_logging``, and the objects it holds,
+``_hooks.Hooks`` and ``_installed.Installations`` (what was installed: re-check, hand-over, revert).
 
 Imported on a host without the NPU stack (``report()``, ``activate()``, the vLLM plugin),
 :func:`activate` decides "inactive" from the configuration alone, without wrapt, ``logging``,
@@ -14,8 +14,7 @@ import _thread
 
 from verl_npu_autopatch import _environment, _gates, _logging
 from verl_npu_autopatch._config import Config, read_config
-from verl_npu_autopatch._hooks import Hooks
-from verl_npu_autopatch._import_locks import blocked_on_us, stack_depth
+from verl_npu_autopatch._hooks import Hooks, blocked_on_us, stack_depth
 from verl_npu_autopatch._installed import Installations
 from verl_npu_autopatch._logging import LOGGER_NAME
 from verl_npu_autopatch._observer import NullObserver
