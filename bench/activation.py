@@ -1,4 +1,4 @@
-"""Inert activation on a host without the NPU stack (``VERL_NPU_AUTOPATCH_DEVICE`` unset/auto).
+"""Inactive activation on a host without the NPU stack (``VERL_NPU_AUTOPATCH_DEVICE`` unset/auto).
 
 Run it with the python of a venv where verl-npu-autopatch is installed and torch_npu is not:
 
@@ -18,7 +18,7 @@ Fresh processes, interleaved rounds:
 ``--compare PYTHON`` adds the same two measures for another venv (e.g. one with the main branch's
 wheel) in the same interleaved rounds, so a change's cost is read as a paired difference.
 ``--env NAME=VALUE`` sets a variable in every child (``VERL_NPU_AUTOPATCH_LOG=ERROR``: not plainly
-inert, so ``_activation`` and the engine decide).
+inactive, so ``_activation`` and the engine decide).
 
 Each child also reports whether wrapt or importlib.metadata got imported (they must not be).
 """
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="set in every child (e.g. VERL_NPU_AUTOPATCH_LOG=ERROR: the host is decided inert by the engine)",
+        help="set in every child (e.g. VERL_NPU_AUTOPATCH_LOG=ERROR: the host is decided inactive by the engine)",
     )
     args = parser.parse_args(argv)
     seen: dict[str, set] = {}
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     imports = interleave(importing, args.rounds)
     seen.pop("warm", None)
     report(
-        "Inert activation on a non-NPU host",
+        "Inactive activation on a non-NPU host",
         {
             "in-process activation, fresh processes (ms)": summary(activation, "activate() alone", "ms", 1e3),
             "`import vllm` of the fixture package (ms)": summary(

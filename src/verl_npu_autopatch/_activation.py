@@ -1,5 +1,5 @@
 """What the start-up observer does once a watched package starts loading, unless the start-up
-module found the host plainly inert: decide from the configuration whether this host is inert,
+module found the host plainly inactive: decide from the configuration whether this host is inactive,
 guard other threads' imports while the engine activates, activate it, and patch the package
 itself. Imported by the activating loader of the start-up module (outside the interpreter's
 global import lock), named by its ``WORK`` rather than imported (the start-up module is the bottom
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from verl_npu_autopatch._startup import Observer as StartupObserver
 
 
-def inert_here() -> bool:
+def inactive_here() -> bool:
     """The engine has nothing to do in this process: the configuration's device decision, made
     without the engine. A configuration with warnings goes to the engine, which logs them, and so
     does a set ``VERL_NPU_AUTOPATCH_LOG`` (the engine logs why it stays inactive)."""
@@ -47,10 +47,10 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
     if loader.waits_for is None:
         try:
             if OBSERVER.engine is not None and OBSERVER.engine.too_deep():
-                loader.inert = True  # where an activation ran out of stack: untouched, still resuming
+                loader.inactive = True  # where an activation ran out of stack: untouched, still resuming
             else:
-                loader.inert = inert_here()
-                OBSERVER.fall_inert(spec.name) if loader.inert else OBSERVER.wake(spec.name)
+                loader.inactive = inactive_here()
+                OBSERVER.fall_inactive(spec.name) if loader.inactive else OBSERVER.wake(spec.name)
         except Exception:  # the decision is retried by exec_module (engine.activate); the import must go on
             pass
     create = getattr(loader.loader, "create_module", None)
@@ -58,7 +58,7 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
 
 
 def exec_module(loader: "Any", module: "ModuleType") -> None:
-    """``exec_module`` of an activating loader on a host that is not inert: activate the engine
+    """``exec_module`` of an activating loader on a host that is not inactive: activate the engine
     (or wait for an activation under way in another thread), run the real loader, then let the
     engine patch the module itself (wrapt never saw this import). If the module raises, the
     engine hooks its next import, and this frame leaves the traceback (3.11+)."""

@@ -1,7 +1,7 @@
 """Configuration from the environment, read once at activation.
 
 Kept free of heavy imports (no ``dataclasses``, ``typing``, ``logging``, not even ``__future__``):
-it runs on the inert path of a non-NPU host, where activation must cost well under a millisecond. Problems are
+it runs on the inactive path of a non-NPU host, where activation must cost well under a millisecond. Problems are
 collected as warning texts; the engine logs each once.
 """
 

@@ -6,7 +6,7 @@ installed metadata (``importlib.metadata``) and are cached per process.
 """
 
 # No ``from __future__ import annotations``: a first watched import with a configuration set
-# decides here (``_activation.inert_here``), where importing ``__future__`` would cost more than
+# decides here (``_activation.inactive_here``), where importing ``__future__`` would cost more than
 # the module.
 # findable (a top-level module could be imported; found without importing it) and
 # npu_stack_installed (torch_npu is findable): the start-up module's own, its loader decides with them first
@@ -25,7 +25,7 @@ _versions: dict[str, str | None] = {}
 
 
 def device_decision(config: "Config") -> tuple[str, str]:
-    """``(device, inert reason)`` for the configuration (``VERL_NPU_AUTOPATCH`` and
+    """``(device, inactive reason)`` for the configuration (``VERL_NPU_AUTOPATCH`` and
     ``VERL_NPU_AUTOPATCH_DEVICE``: ``auto``, ``npu`` or ``none``); the reason is empty when the
     engine should act. The one decision, made by the start-up observer's loader, the engine and
     ``status``."""
@@ -43,7 +43,7 @@ def device_decision(config: "Config") -> tuple[str, str]:
     return ("npu (forced)" if config.device == "npu" else "npu (torch_npu installed)"), ""
 
 
-#: Why the engine stays inert in a sub-interpreter.
+#: Why the engine stays inactive in a sub-interpreter.
 SUBINTERPRETER = (
     "a sub-interpreter: the engine acts only in the main interpreter "
     "(wrapt and the patched libraries are not built for isolated sub-interpreters)"

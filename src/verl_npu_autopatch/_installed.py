@@ -13,7 +13,7 @@ import sys
 from verl_npu_autopatch import _logging
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inert path never needs it
+if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inactive path never needs it
     from collections.abc import Callable, Iterable
     from types import ModuleType
     from typing import Any, Protocol
@@ -60,7 +60,7 @@ class Installations:
     def on_import(self, module: ModuleType) -> list[Exception]:
         """Apply every pending patch that targets ``module`` (what ``sys.modules`` holds under its
         name, should it have replaced itself there while executing); returns the strict-mode errors."""
-        live = sys.modules.get(module.__name__)  # (``ownership.live_module``, not imported on the inert path)
+        live = sys.modules.get(module.__name__)  # (``ownership.live_module``, not imported on the inactive path)
         module = module if live is None else live
         with self._host.lock:
             patches = [

@@ -10,10 +10,10 @@ if TYPE_CHECKING:
 
     class ObserverControls(Protocol):
         """What the engine asks of the start-up observer (``_startup.Observer``): whether the
-        start-up hook is in place, which watched import found the host inert, guard imports while
+        start-up hook is in place, which watched import found the host inactive, guard imports while
         activating, retire, observe again."""
 
-        woken_inert: str
+        woken_inactive: str
 
         def hooked(self) -> bool: ...
         def guard(self, activator: int, packages: "Iterable[str] | None" = None) -> None: ...
@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 
 
 class NullObserver:
-    """An observer that does nothing: no start-up hook, nothing to guard, never woken inert. The
+    """An observer that does nothing: no start-up hook, nothing to guard, never woken inactive. The
     process's observer (``_startup.OBSERVER``) is the process-wide engine's alone; every other
     engine (tests, tools) gets this one, so it never touches the process's start-up hook."""
 
-    woken_inert = ""
+    woken_inactive = ""
 
     def hooked(self) -> bool:
         return False

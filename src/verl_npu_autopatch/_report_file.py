@@ -3,7 +3,7 @@ fleet``): who this process is (pid, host, Python, command line, process title) a
 state and reason, rewritten whenever a decision changes.
 
 Imported only by an engine that activated with the variable set; never at start-up, never on an
-inert host. Writing never breaks the process: the file is written to a temporary name and moved
+inactive host. Writing never breaks the process: the file is written to a temporary name and moved
 into place (``os.replace``), so a reader sees the old report or the new one, and any failure
 (directory unwritable, full or removed) is logged as one warning and patching goes on.
 """

@@ -5,7 +5,7 @@ copy of this file), holding the global import lock, and calls :func:`take_over`;
 ``.start`` file calls :func:`install_observer`. One module object per process, under both names:
 the root module registers itself under the package's name, or the package's copy, imported first, under the root's.
 Standard library only (modules already loaded); never raises, prints or writes. A watched package
-gets an :class:`ActivatingLoader`: on a plainly inert host (:func:`plainly_inert`) it loads
+gets an :class:`ActivatingLoader`: on a plainly inactive host (:func:`plainly_inactive`) it loads
 untouched, with nothing imported; otherwise the loader's work (``_activation``) is imported then.
 """
 
@@ -85,7 +85,7 @@ def npu_stack_installed():
     return findable("torch_npu")
 
 
-def plainly_inert():
+def plainly_inactive():
     """This host needs no engine, and nothing needs the configuration read to say so: ``torch_npu``
     cannot be found and no variable could change that decision or warn (:data:`DECIDING` unset,
     :data:`SWITCHES` unset or understood). Every other case is decided by ``_activation``."""
@@ -116,7 +116,7 @@ class Observer:
       observer back); an abandoned activation makes it resume (:meth:`observe_again`).
     """
 
-    __slots__ = ("activator", "at_fork", "engine", "gated", "mode", "trigger", "woken_inert")
+    __slots__ = ("activator", "at_fork", "engine", "gated", "mode", "trigger", "woken_inactive")
 
     #: Marks the observer on ``sys.meta_path`` (:func:`is_hook`).
     verl_npu_autopatch_observer = True
@@ -126,7 +126,7 @@ class Observer:
         self.gated: frozenset[str] | None = WATCHED  # guarding: the packages held (None: all)
         self.activator: int | None = None  # the thread that activates
         self.trigger = ""  # the watched package whose import began the activation
-        self.woken_inert = ""  # the watched package whose import found this host inert
+        self.woken_inactive = ""  # the watched package whose import found this host inactive
         self.engine: Any = None  # the process-wide engine, kept with the observer (:data:`ANCHOR`)
         self.at_fork = False  # the fork handler is registered (once per process)
 
@@ -221,9 +221,9 @@ class Observer:
             pass
         self.gated, self.activator, self.trigger, self.mode = WATCHED, None, "", "retired"
 
-    def fall_inert(self, name: str) -> None:
-        """The import of watched package ``name`` found this host inert: remember it and retire."""
-        self.woken_inert = self.woken_inert or name
+    def fall_inactive(self, name: str) -> None:
+        """The import of watched package ``name`` found this host inactive: remember it and retire."""
+        self.woken_inactive = self.woken_inactive or name
         self.retire()
 
     def observe_again(self, hooked: bool) -> None:
@@ -310,18 +310,18 @@ class ActivatingLoader:
     def __init__(self, loader, waits_for=None):
         self.loader = loader
         self.waits_for = waits_for
-        self.inert = False  # this host needs no engine: load as if we were not here
+        self.inactive = False  # this host needs no engine: load as if we were not here
         self.broken = False  # the package cannot be imported: likewise
 
     def __getattr__(self, name):
         return getattr(self.loader, name)
 
     def create_module(self, spec):
-        """For a watched package, decide whether this host is inert (:func:`plainly_inert`, else
+        """For a watched package, decide whether this host is inactive (:func:`plainly_inactive`, else
         ``_activation``), before the module is in ``sys.modules``."""
-        if self.waits_for is None and plainly_inert():
-            self.inert = True
-            OBSERVER.fall_inert(spec.name)
+        if self.waits_for is None and plainly_inactive():
+            self.inactive = True
+            OBSERVER.fall_inactive(spec.name)
         else:
             try:
                 work = _work()
@@ -334,10 +334,10 @@ class ActivatingLoader:
         return create(spec) if create is not None else None
 
     def exec_module(self, module):
-        """Run the real loader (through ``_activation`` unless inert or broken). If the package
+        """Run the real loader (through ``_activation`` unless inactive or broken). If the package
         raises, this frame leaves the traceback (3.11+; the exception is unchanged)."""
         try:
-            if self.inert or self.broken:
+            if self.inactive or self.broken:
                 module.__loader__ = self.loader
                 if getattr(module, "__spec__", None) is not None:
                     module.__spec__.loader = self.loader

@@ -87,24 +87,24 @@ def status_data(timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
     """This environment, configuration, device decision and each patch's gates, without
     importing any target (the plugins' entry points are loaded, each within ``timeout``)."""
     config = read_config()
-    device, inert = _environment.device_decision(config)
+    device, inactive = _environment.device_decision(config)
     loaded = catalog.load(config.disable, timeout)
     warnings = [*config.warnings, *config.unknown_names(loaded.names())]
     errors = []
-    if not inert:
+    if not inactive:
         problem = _environment.wrapt_problem()
         if problem:
             errors.append(problem)
     plans = []
     for patch in loaded.patches:
         plan = _gates.plan(patch, config)
-        state = plan.state if not inert or plan.state != "pending" else "inactive"
+        state = plan.state if not inactive or plan.state != "pending" else "inactive"
         plans.append(
             {
                 "name": patch.name,
                 "groups": list(patch.groups),
                 "state": "would apply" if state == "pending" else state,
-                "reason": inert if state == "inactive" else plan.reason,
+                "reason": inactive if state == "inactive" else plan.reason,
                 "targets": [str(t) for t in (plan.variants or patch.hooks)],
                 "touches": touches(patch),
                 "defined_at": patch.defined_at,
@@ -124,8 +124,8 @@ def status_data(timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
         "warnings": warnings,
         "errors": errors,
         "device": device,
-        "active": not inert,
-        "inactive_reason": inert,
+        "active": not inactive,
+        "inactive_reason": inactive,
         "distributions": {name: _environment.distribution_version(name) for name in SHOWN_DISTRIBUTIONS},
         "patches": plans,
         "load_errors": [{"name": n, "error": e} for n, e, _ in loaded.errors],

@@ -141,12 +141,12 @@ class Engine:
             config = self._config = self._config or read_config()
             self.warnings = list(config.warnings)
             _logging.configure(config)
-            self.device, inert = _environment.device_decision(config)
-            if inert:
-                self.status, self.reason = "inactive", inert
+            self.device, inactive = _environment.device_decision(config)
+            if inactive:
+                self.status, self.reason = "inactive", inactive
                 self._flush_warnings()
                 if config.log_level:
-                    _logging.logger().info("engine inactive: %s", inert)
+                    _logging.logger().info("engine inactive: %s", inactive)
                 observer.retire()
                 return
             observer.guard(self._activator)
@@ -372,8 +372,8 @@ def report() -> Report:
     """What the process-wide engine decided so far, patch by patch, with the configuration
     warnings (also on hosts where it stays inactive)."""
     if _ENGINE.status == "not-activated":
-        if _ENGINE.observer.woken_inert:
-            _ENGINE.activate(_ENGINE.observer.woken_inert)  # the start-up hook found it inert; say why
+        if _ENGINE.observer.woken_inactive:
+            _ENGINE.activate(_ENGINE.observer.woken_inactive)  # the start-up hook found it inactive; say why
         elif not read_config().enabled:
             _ENGINE.activate("report()")  # say that it is switched off
     if _ENGINE.status == "not-activated":

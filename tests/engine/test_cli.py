@@ -120,7 +120,7 @@ def test_doctor_exits_non_zero_on_superseded_and_names_the_live_owner(base_pytho
     assert "SUPERSEDED: fixture.forward: the fix was installed, but something else runs there now" in proc.stdout
 
 
-def test_doctor_on_inert_host(base_python: Path) -> None:
+def test_doctor_on_inactive_host(base_python: Path) -> None:
     proc = cli(base_python, "doctor", "--json")
     data = json.loads(proc.stdout)
     assert proc.returncode == 0 and data["status"] == "inactive" and data["records"] == []

@@ -197,17 +197,17 @@ print(json.dumps([report["fixture.early"].state, report["fixture.forward"].state
     assert not vanishing.exists()  # never re-created behind the user's back
 
 
-def test_inert_host_and_start_up_never_load_the_writer(base_python: Path, tmp_path: Path) -> None:
+def test_inactive_host_and_start_up_never_load_the_writer(base_python: Path, tmp_path: Path) -> None:
     code = """
 import json, sys, vllm.model
 import verl_npu_autopatch
 print(json.dumps([verl_npu_autopatch.report().status, "verl_npu_autopatch._report_file" in sys.modules]))
 """
-    env = {"VERL_NPU_AUTOPATCH_REPORT_DIR": str(tmp_path / "inert")}
+    env = {"VERL_NPU_AUTOPATCH_REPORT_DIR": str(tmp_path / "inactive")}
     assert json.loads(run(base_python, code, env=env).stdout.splitlines()[-1]) == ["inactive", False]
     start = "import json, sys; print(json.dumps(sorted(m for m in sys.modules if 'autopatch' in m)))"
     assert json.loads(run(base_python, start, env={**env, **NPU}).stdout.splitlines()[-1]) == []
-    assert not (tmp_path / "inert").exists()
+    assert not (tmp_path / "inactive").exists()
 
 
 def test_files_from_another_host_are_stale_after_the_threshold(base_python: Path, tmp_path: Path) -> None:

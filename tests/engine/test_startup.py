@@ -106,7 +106,7 @@ print(json.dumps([one, _startup.OBSERVER.mode, cli.status_data()["observer"], r.
 
 
 def test_one_start_up_module_per_process(any_python: Path, tmp_path: Path) -> None:
-    # wheel install: the first watched import wakes the root module's observer, found inert
+    # wheel install: the first watched import wakes the root module's observer, found inactive
     seen = run_json(any_python, ONE_MODULE.format(before=""))
     assert seen == [True, "retired", "retired", "inactive", "vllm"]
     # python -S + activate(): the package imports the root module; the engine retires its observer
@@ -204,7 +204,7 @@ def test_odd_values_never_break_startup(any_python: Path) -> None:
     assert (proc.stdout, proc.stderr) == ("ok\n", "")
 
 
-def test_watched_import_activates_and_inert_host_stays_light(any_python: Path) -> None:
+def test_watched_import_activates_and_inactive_host_stays_light(any_python: Path) -> None:
     code = f"""
 import json, sys
 import vllm
@@ -220,7 +220,7 @@ print(json.dumps(dict(status=r.status, reason=r.reason, trigger=r.trigger, heavy
     assert (seen["status"], seen["trigger"], seen["heavy"], seen["hooks"]) == ("inactive", "vllm", [], [])
     assert "torch_npu is not installed" in seen["reason"]
     assert seen["ours"] == STARTUP_MODULE
-    # a configuration that could change the decision is read (by _activation): inert all the same
+    # a configuration that could change the decision is read (by _activation): inactive all the same
     configured = run_json(any_python, code, env={"VERL_NPU_AUTOPATCH_DEVICE": "auto"})
     assert {**configured, "ours": []} == {**seen, "ours": []}
     assert configured["ours"] == sorted([*STARTUP_MODULE, *PACKAGE_ON_THE_INERT_PATH])

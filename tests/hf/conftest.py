@@ -105,7 +105,7 @@ def npu(monkeypatch: pytest.MonkeyPatch) -> Any:
 @pytest.fixture
 def make_engine() -> Iterator[Callable[..., Engine]]:
     """Private active engines; afterwards every record still pending is settled (its modules
-    count as absent) and every applied patch is reverted, so their import hooks stay inert in
+    count as absent) and every applied patch is reverted, so their import hooks stay inactive in
     later tests (wrapt hooks cannot be unregistered; a hook finds nothing pending)."""
     engines: list[Engine] = []
 

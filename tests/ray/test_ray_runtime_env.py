@@ -80,7 +80,7 @@ def test_watched_import_applies_the_patches_with_npu_forced_by_env_vars(cluster:
     assert seen["observer"] is False  # it left sys.meta_path when vllm woke the engine
 
 
-def test_without_env_vars_a_cpu_worker_stays_inert(cluster: Cluster, wheel: Path) -> None:
+def test_without_env_vars_a_cpu_worker_stays_inactive(cluster: Cluster, wheel: Path) -> None:
     seen = on_bare_node(cluster, ray_probe.watched_import, runtime_env(wheel))
     assert seen["startup"]["hooks"] in PLACEHOLDERS
     assert seen["status"] == "inactive"

