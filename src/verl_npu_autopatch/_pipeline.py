@@ -79,7 +79,8 @@ def run(
             yielded = f"target owned by {owner}" if owner else ownership.enclosing_owner(patch, site)
             if yielded:
                 return Outcome("yielded", yielded, target, rejected=rejected)
-            if marked_by(site.value) == patch.name or ownership.fixed_through_trigger(patch):
+            placed = patch.in_place is not None and patch.in_place(site)
+            if placed or marked_by(site.value) == patch.name or ownership.fixed_through_trigger(patch):
                 return Outcome("applied", f"already in place ({describe(site.value)})", target, site, None, rejected)
             if _copies.in_place(patch):
                 reason = f"already in place: no copy in {', '.join(patch.copies)} holds a replaced value"

@@ -120,10 +120,10 @@ def _walk(module: ModuleType, qualname: str) -> tuple[Any, Any] | str:
 
 def site_value(module: ModuleType, path: str) -> Any:
     """The raw live value at ``path`` in ``module``: a dotted attribute path, or ``NAME[key]`` for
-    an entry of the dict ``module.NAME``; :data:`ABSENT` when there is none."""
+    an entry of the dict at the dotted path ``NAME``; :data:`ABSENT` when there is none."""
     name, bracket, key = path.partition("[")
     if bracket:
-        table = getattr(module, name, None)
+        table = (lookup(module, name) or (None, None))[1]  # a module's dict, or a class's (``Cls.NAME``)
         return table.get(key[:-1], ABSENT) if isinstance(table, dict) else ABSENT
     found = lookup(module, path)
     return ABSENT if found is None else found[1]

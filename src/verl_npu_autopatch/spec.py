@@ -157,7 +157,9 @@ class Patch:
     so replaced, the value it held before, which copies taken earlier still hold; the engine
     rebinds those copies to the target's live value (the fix then changes nothing else, and the
     targets are the copies' sources, not sites). ``static`` is its rule on a release's source for
-    the decision table.
+    the decision table. ``in_place(site)``, for a fix that installs elsewhere than its target
+    (``computed`` sites) and leaves no mark there, says whether it is live for ``site`` already:
+    deciding again is then ``already in place``, as for a target holding our marked value.
 
     ``defined_at`` (``path.py:line``, shown by ``list --json`` and ``status --all``) is filled in
     when the patch is made: the line of the family (or plugin) that made it, past the helpers in
@@ -182,6 +184,7 @@ class Patch:
     copies: tuple[str, ...] = ()
     stale: Callable[[], dict[Target, Any]] | None = None
     static: StaticRule | None = None
+    in_place: Callable[[Site], bool] | None = None
     defined_at: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

@@ -63,12 +63,17 @@ def test_an_explicit_experts_choice_runs_upstream_and_no_choice_runs_ours(
         torch.testing.assert_close(_out(model), reference, rtol=1e-3, atol=1e-4)
         assert npu.calls["npu_moe_token_permute"] == 0, choice  # upstream's code ran
 
+    given = randomize(builders()[family]())  # built with ours by default: upstream's choice back at revert
+
     engine.revert()
+    assert "npu_grouped_mm" not in transformers_npu.dispatcher_interface(_experts_forward(family))  # as before
     npu.calls.clear()
-    model.set_experts_implementation("npu_grouped_mm")  # still a valid name after revert: runs upstream eager
+    model.set_experts_implementation("eager")
     torch.testing.assert_close(_out(model), reference, rtol=1e-3, atol=1e-4)
+    upstream = randomize(builders()[family]()).config._experts_implementation
+    assert upstream != "npu_grouped_mm" and given.config._experts_implementation == upstream
+    torch.testing.assert_close(_out(given), _out(randomize(builders()[family]())), rtol=1e-3, atol=1e-4)
     assert not npu.calls
-    assert randomize(builders()[family]()).config._experts_implementation != "npu_grouped_mm"
 
 
 def test_qwen3_vl_moe_fused_block_variant_where_the_experts_take_dense_weights(npu: Any, make_engine: Any) -> None:

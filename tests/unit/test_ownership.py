@@ -207,3 +207,14 @@ def test_reload_the_watcher_does_not_see_is_superseded(module_name: str, monkeyp
     record = engine.report()["own.experts"]
     assert (record.state, record.reason) == ("superseded", "module reloaded")
     assert engine.revert() == []
+
+
+def test_a_declared_dict_entry_may_sit_on_a_class() -> None:
+    from verl_npu_autopatch.ownership import site_value
+    from verl_npu_autopatch.patching import ABSENT
+
+    module = types.ModuleType("site_value_target")
+    module.TABLE = {"a": 1}
+    module.Registry = type("Registry", (), {"_mapping": {"b": 2}})
+    assert site_value(module, "TABLE[a]") == 1 and site_value(module, "Registry._mapping[b]") == 2
+    assert site_value(module, "Registry._mapping[c]") is ABSENT and site_value(module, "Missing[a]") is ABSENT

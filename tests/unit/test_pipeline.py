@@ -113,6 +113,27 @@ def test_our_fix_already_in_place_is_applied_without_an_undo(module: types.Modul
     first.undo()
 
 
+def test_a_fix_installed_elsewhere_that_says_it_is_in_place_is_applied_without_an_undo(
+    module: types.ModuleType,
+) -> None:
+    registry: dict[str, object] = {}  # where the fix installs: the target stays upstream's, unmarked
+
+    def register(site):
+        registry[site.owner.__name__] = site.owner
+        return lambda: registry.clear()
+
+    patch = Patch(
+        "pipe.test", "a test patch", (Target.parse(f"{module.__name__}:Layer.forward"),), register,
+        device="any", in_place=lambda site: site.owner.__name__ in registry,
+    )  # fmt: skip
+    first = decide(patch, module)
+    assert first.state == "applied" and first.undo is not None and registry == {"Layer": module.Layer}
+    again = decide(patch, module)
+    assert (again.state, again.undo) == ("applied", None) and again.reason.startswith("already in place (")
+    first.undo()
+    assert decide(patch, module).undo is not None  # no longer in place: fixed again
+
+
 def test_a_verdict_other_than_apply_is_the_outcome(module: types.ModuleType) -> None:
     patch = patch_on(f"{module.__name__}:Layer.forward", check=lambda site: fixed_upstream("upstream has it"))
     outcome = decide(patch, module)

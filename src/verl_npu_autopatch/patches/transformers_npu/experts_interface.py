@@ -19,26 +19,30 @@ runs what transformers would have run without us: the implementation upstream's
 ``get_correct_experts_implementation(None)`` chose for that modeling module (``grouped_mm``
 where the model can dispatch it, else ``eager``), never a slower eager loop in its place.
 
-Undo removes the class and, with the last one, the default wrapper. The registered name stays
-(a live model's config may still name it); for a class no longer patched it runs upstream's
-default likewise. Imported at fix time only (torch loaded).
+Both places are the patch's declared sites (``probes.experts_sites``). Undo removes the class
+and, with the last one, the default wrapper and our name's entry in the ``ExpertsInterface``
+mapping (transformers has no unregister: the entry there before, if any, is put back); a live
+model we gave ours by default gets upstream's own default choice back. While others stay, a
+class no longer patched runs upstream's default. Deciding again while the class is held
+is "already in place" (:func:`installed`). Imported at fix time only (torch loaded).
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections import Counter
 from typing import Any
 
 import verl_npu_autopatch.patches.transformers_npu.kernels as kernels
 from verl_npu_autopatch.ownership import reached_through_target
-from verl_npu_autopatch.patches.transformers_npu.probes import default_hook_owner, dispatcher_interface
-from verl_npu_autopatch.patching import mark, set_attribute
+from verl_npu_autopatch.patches.transformers_npu.probes import EXPERTS_NAME, default_hook_owner, dispatcher_interface
+from verl_npu_autopatch.patching import ABSENT, mark, set_attribute
 from verl_npu_autopatch.spec import Undo
 
 #: The name our kernel is registered under in transformers' ``ExpertsInterface``.
-NAME = "npu_grouped_mm"
+NAME = EXPERTS_NAME
 
 _lock = threading.Lock()
 _classes: dict[type, bool] = {}  # patched experts class -> its weights are transposed ([E, H, 2I])
@@ -46,6 +50,8 @@ _owners: Counter[type] = Counter()  # patched experts class -> number of applied
 _modules: Counter[str] = Counter()  # modeling module -> number of patched classes (the default choice)
 _upstream: dict[str, str] = {}  # modeling module -> upstream's own default choice there (the fallback)
 _interfaces: dict[type, Any] = {}  # experts class ever registered -> its dispatcher's ExpertsInterface
+_entries: dict[Any, Any] = {}  # ExpertsInterface class we registered in -> its entry under NAME before
+_given: list[tuple[weakref.ref[Any], str]] = []  # config of a model given ours by default -> upstream's choice
 _default_undo: Undo | None = None
 
 
@@ -88,7 +94,11 @@ def _default_choice(original: Any) -> Any:
         if requested_experts is None:
             modules = [c.__module__ for c in type(self).__mro__ if c.__module__ in _modules]
             if modules:
-                _upstream[modules[0]] = original(self, None)  # what runs where the kernel does not fit
+                _upstream[modules[0]] = choice = original(self, None)  # what runs where the kernel does not fit
+                config = getattr(self, "config", None)
+                if config is not None:
+                    _given[:] = [(ref, was) for ref, was in _given if ref() is not None and ref() is not config]
+                    _given.append((weakref.ref(config), choice))
                 return NAME
         return original(self, requested_experts)
 
@@ -104,6 +114,7 @@ def register(cls: type[Any], transposed: bool, patch_name: str) -> Undo:
         raise RuntimeError(f"{cls.__qualname__}: no experts dispatcher or no get_correct_experts_implementation")
     with _lock:
         if not _registered(interface):
+            _entries.setdefault(type(interface), type(interface)._global_mapping.get(NAME, ABSENT))
             type(interface).register(NAME, mark(experts_forward, patch_name))
         _classes[cls] = transposed
         _interfaces[cls] = interface
@@ -133,5 +144,31 @@ def register(cls: type[Any], transposed: bool, patch_name: str) -> Undo:
             if not _modules and _default_undo is not None:
                 _default_undo()
                 _default_undo = None
+                _unregister()
+                _give_back()
 
     return reached_through_target(undo)  # our kernel runs only while the class's dispatcher is live
+
+
+def _unregister() -> None:
+    """Put back each ``ExpertsInterface`` mapping's entry under :data:`NAME` as it was before we
+    registered (removed when there was none), unless another owner replaced ours since."""
+    for kind, before in _entries.items():
+        mapping = kind._global_mapping
+        if mapping.get(NAME) is not experts_forward:
+            continue
+        if before is ABSENT:
+            del mapping[NAME]
+        else:
+            mapping[NAME] = before
+    _entries.clear()
+
+
+def _give_back() -> None:
+    """Give each live model we chose ours for by default upstream's own default choice, the one it
+    would have had without us (our name is no longer registered)."""
+    for ref, choice in _given:
+        config = ref()
+        if config is not None and getattr(config, "_experts_implementation_internal", None) == NAME:
+            config._experts_implementation_internal = choice
+    _given.clear()

@@ -10,7 +10,10 @@ import sys
 from typing import Any
 
 from verl_npu_autopatch.patching import normalized_source, parameter_names, signature_text, underlying
-from verl_npu_autopatch.spec import Site
+from verl_npu_autopatch.spec import ComputedSites, Site
+
+#: The name our experts kernel is registered under in transformers' ``ExpertsInterface``.
+EXPERTS_NAME = "npu_grouped_mm"
 
 _EPS = re.compile(r"rsqrt\(.*?\+self\.(\w+)\)")
 _OFFSET = re.compile(r"\(1(?:\.0)?\+self\.weight")
@@ -83,6 +86,38 @@ def default_hook_owner() -> Any | None:
     module = sys.modules.get("transformers.modeling_utils")
     cls = getattr(module, "PreTrainedModel", None)
     return cls if callable(getattr(cls, "get_correct_experts_implementation", None)) else None
+
+
+def experts_sites(module: str, experts: str) -> tuple[ComputedSites, ...]:
+    """The sites the experts fix changes behind transformers 5.x's experts dispatcher, found live:
+    our name's entry in the ``ExpertsInterface`` mapping the class ``experts`` of ``module``
+    dispatches through, and ``PreTrainedModel.get_correct_experts_implementation`` (the default
+    choice). None where that class has no dispatcher (transformers 4.x: the fix replaces it)."""
+
+    def interface() -> Any | None:
+        cls = getattr(sys.modules.get(module), experts, None)
+        return dispatcher_interface(getattr(cls, "forward", None)) if default_hook_owner() is not None else None
+
+    def registration(live: Any) -> tuple[str, ...]:
+        found = interface()
+        kind = type(found)  # ``register`` is a classmethod: our entry goes in the class's mapping
+        mapping = isinstance(getattr(kind, "_global_mapping", None), dict)
+        if found is None or not mapping or kind.__module__ != live.__name__:
+            return ()
+        return (f"{kind.__qualname__}._global_mapping[{EXPERTS_NAME}]",)
+
+    def default(live: Any) -> tuple[str, ...]:
+        owner = default_hook_owner()
+        if owner is None or interface() is None or owner.__module__ != live.__name__:
+            return ()
+        return (f"{owner.__qualname__}.get_correct_experts_implementation",)
+
+    return (
+        ComputedSites(
+            "transformers.integrations.moe", f"ExpertsInterface._global_mapping[{EXPERTS_NAME}]", registration
+        ),
+        ComputedSites("transformers.modeling_utils", "PreTrainedModel.get_correct_experts_implementation", default),
+    )
 
 
 def _dispatched(forward: Any) -> bool:

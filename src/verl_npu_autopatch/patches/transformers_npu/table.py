@@ -5,6 +5,7 @@ its builder."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +23,7 @@ from verl_npu_autopatch.patches.transformers_npu.models import (
 from verl_npu_autopatch.patches.transformers_npu.owners import liger_owner, shared_owner, verl_owner
 from verl_npu_autopatch.patches.transformers_npu.probes import (
     Unfit,
+    experts_sites,
     parameters,
     probe_experts,
     probe_mlp,
@@ -124,6 +126,13 @@ def _fix(kind: str, site: Site) -> Undo:
     return KERNELS[kind].build(site, probe(kind, site))
 
 
+def _experts_in_place(site: Site) -> bool:
+    """Whether our kernel is already registered for the experts class at ``site`` (transformers
+    5.x; the registry is imported with torch, at the first fix)."""
+    registry = sys.modules.get("verl_npu_autopatch.patches.transformers_npu.experts_interface")
+    return registry is not None and isinstance(site.owner, type) and registry.installed(site.owner)
+
+
 def family_patches(family: str, module: str | None = None) -> list[Patch]:
     """The patches of one family, targeting ``module`` (default: its transformers modeling module)."""
     module = module or module_name(family)
@@ -141,6 +150,8 @@ def family_patches(family: str, module: str | None = None) -> list[Patch]:
             fix=partial(_fix, kind),
             yields_to=(liger_owner, verl_owner, shared_owner),
             via=tuple(Target(module, qualname) for qualname in enclosing(family, kind)),
+            computed=experts_sites(module, variants[0].partition(".")[0]) if kind == "experts" else (),
+            in_place=_experts_in_place if kind == "experts" else None,
         )
         for kind, variants in MODELS[family]
     ]
