@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import textwrap
+import types
 from collections.abc import Callable
 
 import pytest
@@ -16,6 +17,7 @@ from verl_npu_autopatch.patches import (
     ascend_routed_experts_capture,
     liger_arbitration,
     megatron_expert_bias_fp32,
+    megatron_layer_offset,
     megatron_mtp_postprocess,
     tensordict_npu_sync,
     torch_npu_nested_tensor_intercept,
@@ -335,6 +337,39 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         lambda: transformers_deepstack.deepstack_rule(Code(transformers_deepstack.CLONED, DEEPSTACK)),
         "fixed-upstream",
     ),
+    # megatron.layer_offset (the rule; the offset from num_layer_list)
+    "layer offset: Megatron's rank, no num_layer_list": (
+        lambda: megatron_layer_offset.offset_rule(Code(f"r={megatron_layer_offset.RANK}", ("config", "vp_stage"))),
+        "apply",
+    ),
+    "layer offset: reads num_layer_list": (
+        lambda: megatron_layer_offset.offset_rule(
+            Code(f"r={megatron_layer_offset.RANK};n=config.num_layer_list", ("config",))
+        ),
+        "fixed-upstream",
+    ),
+    "layer offset: other parameters": (
+        lambda: megatron_layer_offset.offset_rule(Code(megatron_layer_offset.RANK, ("config", "rank"))),
+        "unsupported",
+    ),
+    "layer offset: uneven list, stage 2": (
+        lambda: megatron_layer_offset.uneven_offset(
+            types.SimpleNamespace(num_layer_list="'3;2;2'", num_layers=7, pipeline_model_parallel_size=3), 2
+        ),
+        5,
+    ),
+    "layer offset: even list": (
+        lambda: megatron_layer_offset.uneven_offset(
+            types.SimpleNamespace(num_layer_list=[2, 2], num_layers=4, pipeline_model_parallel_size=2), 1
+        ),
+        None,
+    ),
+    "layer offset: list not fitting the pipeline": (
+        lambda: megatron_layer_offset.uneven_offset(
+            types.SimpleNamespace(num_layer_list="3,1", num_layers=4, pipeline_model_parallel_size=3), 1
+        ),
+        None,
+    ),
     # verl.3d_position_ids (the rule; the layout from values' shape, last offset, ragged index)
     "3d ids: blind relabel": (
         lambda: verl_3d_position_ids.position_ids_rule(Code(f"ifx:{verl_3d_position_ids.BLIND}", ("data",))),
@@ -435,7 +470,7 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
 def test_the_rule_decides(case: str) -> None:
     rule, expected = CASES[case]
     decided = rule()
-    assert (decided if isinstance(decided, (str, bool)) else decided.action) == expected, decided
+    assert (decided if isinstance(decided, (str, int, type(None))) else decided.action) == expected, decided
 
 
 def _apply_liger_kernel_to_toy(rope: bool = True, swiglu: bool = True, rms_norm: bool = False) -> None:
