@@ -40,6 +40,7 @@ FAMILIES: tuple[str, ...] = (
     "ascend_routed_experts_dp_padding_trim",
     "ascend_sampler_record_stream",
     "ascend_gate_fp32_in_place",
+    "ascend_dsv4_rope_plain_swa",
     "ascend_fused_moe_copies",
     "vllm_engine_partial_wake_up",
     "verl_defer_duplicates",

@@ -13,6 +13,7 @@ import pytest
 
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
+    ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_routed_experts_capture,
     liger_arbitration,
@@ -336,6 +337,37 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     "deepstack: cloned": (
         lambda: transformers_deepstack.deepstack_rule(Code(transformers_deepstack.CLONED, DEEPSTACK)),
         "fixed-upstream",
+    ),
+    # ascend.dsv4_rope_plain_swa (the rule; which calls are sliding-window-only layers)
+    "dsv4 rope: table from precompute_freqs_cis": (
+        lambda: ascend_dsv4_rope_plain_swa.rope_rule(
+            Code("inv_freq=self.precompute_freqs_cis(d,m,m,b,f,x,y)", ascend_dsv4_rope_plain_swa.PARAMS)
+        ),
+        "apply",
+    ),
+    "dsv4 rope: another table": (
+        lambda: ascend_dsv4_rope_plain_swa.rope_rule(Code("inv_freq=table()", ascend_dsv4_rope_plain_swa.PARAMS)),
+        "unsupported",
+    ),
+    "dsv4 rope: another signature": (
+        lambda: ascend_dsv4_rope_plain_swa.rope_rule(Code("self.precompute_freqs_cis(", ("self", "config"))),
+        "unsupported",
+    ),
+    "dsv4 rope: window layer, no scaling named": (
+        lambda: ascend_dsv4_rope_plain_swa.sliding_window_only(["default"], {}),
+        True,
+    ),
+    "dsv4 rope: groups left to the default": (
+        lambda: ascend_dsv4_rope_plain_swa.sliding_window_only(None, {"beta_fast": 32}),
+        True,
+    ),
+    "dsv4 rope: compressed layer": (
+        lambda: ascend_dsv4_rope_plain_swa.sliding_window_only(["default", "c4"], {}),
+        False,
+    ),
+    "dsv4 rope: the caller names the scaling": (
+        lambda: ascend_dsv4_rope_plain_swa.sliding_window_only(["default"], {"apply_yarn_scaling": True}),
+        False,
     ),
     # megatron.layer_offset (the rule; the offset from num_layer_list)
     "layer offset: Megatron's rank, no num_layer_list": (
