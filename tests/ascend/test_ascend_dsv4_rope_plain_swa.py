@@ -96,6 +96,8 @@ def test_the_release_scales_the_window_layers_and_the_fix_does_not(rope: types.M
     assert engine.report()[STATE].state == "applied", engine.report()[STATE].reason
     after = tables(rope)
     assert torch.allclose(after["window"], plain(10000), atol=1e-6)
+    own_switch = rope.__file__.split("vllm-ascend-")[-1].startswith(("0.29", "0.30"))  # the release's keyword
+    assert ("apply_yarnFalse" in rope._ROPE_STATE.layer_info["window"][0]) == own_switch
     assert torch.equal(after["compressed"], before["compressed"])  # the compressed layers keep YaRN
     assert "precompute_freqs_cis" not in vars(rope.Rope)
 

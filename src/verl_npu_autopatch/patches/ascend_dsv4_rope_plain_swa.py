@@ -12,14 +12,14 @@ returns the unscaled frequencies). From 0.29.0rc1 the embedding takes an ``apply
 keyword (DeepSeek-V4.1 passes it), but DeepSeek-V4's model still passes nothing (0.30.0rc2).
 
 The fix wraps ``ComplexExpRotaryEmbedding.__init__``: a call with the groups ``["default"]`` alone
-(or none) and neither ``apply_yarn_scaling`` nor ``original_max_position_embeddings`` gets plain
-RoPE: the release's own ``apply_yarn_scaling=False`` where ``__init__`` reads that keyword (the
-table then has a key of its own), else, for that one call, a ``precompute_freqs_cis`` returning the
-unscaled frequencies ``base ** (-2i / dim)``. Calls that name a scaling, and the compressed layers,
-are left as they are. Releases without the keyword key the table by base, not by scaling (as the
-recipe's fix does too): the two kinds keep separate tables because DeepSeek-V4 gives them
-different bases (``rope_theta``, ``compress_rope_theta``). Opt-in (group ``dsv4``): only
-DeepSeek-V4 builds these layers.
+(or none) and no scaling keyword (``apply_yarn_scaling``, ``original_max_position_embeddings``,
+the recipe's ``original_seq_len``) gets plain RoPE: the release's own ``apply_yarn_scaling=False``
+where ``__init__`` reads that keyword (the table then has a key of its own), else, for that one
+call, a ``precompute_freqs_cis`` returning the unscaled frequencies ``base ** (-2i / dim)``.
+Calls that name a scaling, and the compressed layers, are left as they are. Releases without the
+keyword key the table by base, not by scaling (as the recipe's fix does too): the two kinds keep
+separate tables because DeepSeek-V4 gives them different bases (``rope_theta``,
+``compress_rope_theta``). Opt-in (group ``dsv4``): only DeepSeek-V4 builds these layers.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ PARAMS = (
     "rope_groups",
     "extra_kwargs",
 )
-#: The keyword of 0.29.0rc1 and later that turns YaRN off (whitespace-free, as ``__init__`` reads it).
+#: The keyword of 0.29.0rc1 and later that turns YaRN off, and how ``__init__`` reads it (whitespace-free).
 SWITCH = "apply_yarn_scaling"
+READS_SWITCH = f'extra_kwargs.get("{SWITCH}"'
 #: Keywords by which a caller already says how to scale.
 SCALING_KEYWORDS = (SWITCH, "original_max_position_embeddings", "original_seq_len")
 PRECOMPUTE = "self.precompute_freqs_cis("
@@ -77,7 +78,7 @@ def _plain_frequencies(torch: Any) -> Callable[..., Any]:
 
 
 def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
-    switch = Code.live(site.value).has(SWITCH)
+    switch = Code.live(site.value).has(READS_SWITCH)
     plain = _plain_frequencies(site.module.torch)
 
     @functools.wraps(original)
