@@ -102,6 +102,10 @@ def test_uneven_stages_get_duplicate_ids_and_the_fix_numbers_them_in_order(
     fixed = modules[family.MODULE].get_transformer_layer_offset
     assert marked_by(fixed) == PATCH.name
     assert all(m.get_transformer_layer_offset is fixed for m in modules.values())  # the copies rebound
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import megatron.core.models.gpt.heterogeneous.heterogeneous_layer_specs as late  # copies after the fix
+    assert late.get_transformer_layer_offset is fixed
     block = modules["megatron.core.transformer.transformer_block"].get_transformer_layer_offset
     assert _offsets(block, uneven) == [0, 3, 5] and _layer_ids([0, 3, 5], sizes) == list(range(1, 8))
     assert _offsets(block, _config(7, 3, "'3;2;2'")) == [0, 3, 5]  # MindSpeed's quoted, ';'-separated form
@@ -112,4 +116,4 @@ def test_uneven_stages_get_duplicate_ids_and_the_fix_numbers_them_in_order(
         assert block(uneven, vp_stage=1, pp_rank=1) == upstream(uneven, vp_stage=1, pp_rank=1)
 
     assert engine.revert() == [PATCH.name]
-    assert all(m.get_transformer_layer_offset is upstream for m in modules.values())
+    assert all(m.get_transformer_layer_offset is upstream for m in [*modules.values(), late])
