@@ -82,6 +82,8 @@ ASCEND = Section(
         "only its bucketed decode pads the routing rows before the DP all-gather); `ascend.sampler_record_stream`",
         "is on by default (every rollout samples through `random_sample`), `ascend.fused_moe_copies` too (any",
         "MoE model module imported before vllm-ascend's `patch_fused_moe`).",
+        "`ascend.dsv4_rope_plain_swa` is opt-in (group `dsv4`: only DeepSeek-V4 builds sliding-window-only",
+        "RoPE layers); it applies through the release's `apply_yarn_scaling` where `__init__` reads it (0.29.0rc1 on).",
     ),
     columns=tuple(r.ascend for r in RELEASES),
     tree=_ascend_tree,

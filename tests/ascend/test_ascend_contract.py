@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_fused_moe_copies import moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_capture import release  # noqa: F401  (fixture)
@@ -22,6 +23,7 @@ from tests.ascend.test_vllm_routed_experts_padding_slots import capturer  # noqa
 from tests.support import contract
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
+    ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_gate_fp32_in_place,
     ascend_glm52,
@@ -70,6 +72,12 @@ def test_sampler_record_stream(sampler: types.ModuleType) -> None:  # noqa: F811
 def test_gate_fp32_in_place(linear: types.ModuleType) -> None:  # noqa: F811
     method = f"{linear.__name__}:AscendUnquantizedLinearMethod.process_weights_after_loading"
     assert _applied(ascend_gate_fp32_in_place.PATCHES) == {"ascend.gate_fp32_in_place": {method}}
+
+
+@pytest.mark.parametrize("rope", ["0.23.0", "0.30.0rc2"], indirect=True)
+def test_dsv4_rope_plain_swa(rope: types.ModuleType) -> None:  # noqa: F811
+    init = f"{ascend_dsv4_rope_plain_swa.MODULE}:{ascend_dsv4_rope_plain_swa.METHOD}"
+    assert _applied(ascend_dsv4_rope_plain_swa.PATCHES) == {"ascend.dsv4_rope_plain_swa": {init}}
 
 
 @pytest.mark.parametrize("capturer", ["0.23.0", "0.30.0rc2"], indirect=True)

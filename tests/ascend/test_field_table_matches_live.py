@@ -8,10 +8,16 @@ import types
 
 import pytest
 
+from tests.ascend.test_ascend_dsv4_rope_plain_swa import RELEASES as ROPE
+from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
 from tests.support import contract, upstream
-from verl_npu_autopatch.patches import ascend_gate_fp32_in_place, ascend_sampler_record_stream
+from verl_npu_autopatch.patches import (
+    ascend_dsv4_rope_plain_swa,
+    ascend_gate_fp32_in_place,
+    ascend_sampler_record_stream,
+)
 from verl_npu_autopatch.patches._fingerprints import UpstreamTree
 from verl_npu_autopatch.spec import Patch
 
@@ -45,3 +51,9 @@ def test_sampler_record_stream(sampler: types.ModuleType, releases: dict, reques
 def test_gate_fp32_in_place(linear: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
     (patch,) = ascend_gate_fp32_in_place.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["linear"], releases)
+
+
+@pytest.mark.parametrize("rope", ROPE, indirect=True)
+def test_dsv4_rope_plain_swa(rope: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_dsv4_rope_plain_swa.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["rope"], releases)

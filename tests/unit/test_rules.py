@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import ast
 import textwrap
+import types
 from collections.abc import Callable
 
 import pytest
 
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
+    ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_routed_experts_capture,
     liger_arbitration,
     megatron_expert_bias_fp32,
+    megatron_layer_offset,
     megatron_mtp_postprocess,
     tensordict_npu_sync,
     torch_npu_nested_tensor_intercept,
@@ -335,6 +338,70 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         lambda: transformers_deepstack.deepstack_rule(Code(transformers_deepstack.CLONED, DEEPSTACK)),
         "fixed-upstream",
     ),
+    # ascend.dsv4_rope_plain_swa (the rule; which calls are sliding-window-only layers)
+    "dsv4 rope: table from precompute_freqs_cis": (
+        lambda: ascend_dsv4_rope_plain_swa.rope_rule(
+            Code("inv_freq=self.precompute_freqs_cis(d,m,m,b,f,x,y)", ascend_dsv4_rope_plain_swa.PARAMS)
+        ),
+        "apply",
+    ),
+    "dsv4 rope: another table": (
+        lambda: ascend_dsv4_rope_plain_swa.rope_rule(Code("inv_freq=table()", ascend_dsv4_rope_plain_swa.PARAMS)),
+        "unsupported",
+    ),
+    "dsv4 rope: another signature": (
+        lambda: ascend_dsv4_rope_plain_swa.rope_rule(Code("self.precompute_freqs_cis(", ("self", "config"))),
+        "unsupported",
+    ),
+    "dsv4 rope: window layer, no scaling named": (
+        lambda: ascend_dsv4_rope_plain_swa.sliding_window_only(["default"], {}),
+        True,
+    ),
+    "dsv4 rope: groups left to the default": (
+        lambda: ascend_dsv4_rope_plain_swa.sliding_window_only(None, {"beta_fast": 32}),
+        True,
+    ),
+    "dsv4 rope: compressed layer": (
+        lambda: ascend_dsv4_rope_plain_swa.sliding_window_only(["default", "c4"], {}),
+        False,
+    ),
+    "dsv4 rope: the caller names the scaling": (
+        lambda: ascend_dsv4_rope_plain_swa.sliding_window_only(["default"], {"apply_yarn_scaling": True}),
+        False,
+    ),
+    # megatron.layer_offset (the rule; the offset from num_layer_list)
+    "layer offset: Megatron's rank, no num_layer_list": (
+        lambda: megatron_layer_offset.offset_rule(Code(f"r={megatron_layer_offset.RANK}", ("config", "vp_stage"))),
+        "apply",
+    ),
+    "layer offset: reads num_layer_list": (
+        lambda: megatron_layer_offset.offset_rule(
+            Code(f"r={megatron_layer_offset.RANK};n=config.num_layer_list", ("config",))
+        ),
+        "fixed-upstream",
+    ),
+    "layer offset: other parameters": (
+        lambda: megatron_layer_offset.offset_rule(Code(megatron_layer_offset.RANK, ("config", "rank"))),
+        "unsupported",
+    ),
+    "layer offset: uneven list, stage 2": (
+        lambda: megatron_layer_offset.uneven_offset(
+            types.SimpleNamespace(num_layer_list="'3;2;2'", num_layers=7, pipeline_model_parallel_size=3), 2
+        ),
+        5,
+    ),
+    "layer offset: even list": (
+        lambda: megatron_layer_offset.uneven_offset(
+            types.SimpleNamespace(num_layer_list=[2, 2], num_layers=4, pipeline_model_parallel_size=2), 1
+        ),
+        None,
+    ),
+    "layer offset: list not fitting the pipeline": (
+        lambda: megatron_layer_offset.uneven_offset(
+            types.SimpleNamespace(num_layer_list="3,1", num_layers=4, pipeline_model_parallel_size=3), 1
+        ),
+        None,
+    ),
     # verl.3d_position_ids (the rule; the layout from values' shape, last offset, ragged index)
     "3d ids: blind relabel": (
         lambda: verl_3d_position_ids.position_ids_rule(Code(f"ifx:{verl_3d_position_ids.BLIND}", ("data",))),
@@ -435,7 +502,7 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
 def test_the_rule_decides(case: str) -> None:
     rule, expected = CASES[case]
     decided = rule()
-    assert (decided if isinstance(decided, (str, bool)) else decided.action) == expected, decided
+    assert (decided if isinstance(decided, (str, int, type(None))) else decided.action) == expected, decided
 
 
 def _apply_liger_kernel_to_toy(rope: bool = True, swiglu: bool = True, rms_norm: bool = False) -> None:

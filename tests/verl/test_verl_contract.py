@@ -9,6 +9,7 @@ import pytest
 
 from tests.support import contract
 from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: F401  (fixture)
+from tests.verl.test_megatron_layer_offset import megatron_layers  # noqa: F401  (fixture)
 from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
 from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
 from tests.verl.test_verl_3d_position_ids import verl  # noqa: F401  (fixture)
@@ -17,6 +18,7 @@ from tests.verl.test_verl_distillation_log_prob_floor import ESTIMATOR_NAMES, ve
 from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)
 from verl_npu_autopatch.patches import (
     megatron_expert_bias_fp32,
+    megatron_layer_offset,
     megatron_mtp_postprocess,
     torch_npu_nested_tensor_intercept,
     verl_3d_position_ids,
@@ -51,6 +53,16 @@ def test_megatron_expert_bias_on_megatron_core_0_16_1(megatron_release: Any) -> 
     finding = contract.check_contract(patch)
     target = f"{megatron_expert_bias_fp32.MODULE}:Float16Module.__init__"
     assert (finding.state, finding.changed) == ("applied", {target})
+
+
+def test_megatron_layer_offset_on_megatron_core_0_17_0(megatron_layers: Any) -> None:  # noqa: F811  (the fixture)
+    megatron_layers("0.17.0")
+    (patch,) = contract.live_patches(megatron_layer_offset.PATCHES)
+    finding = contract.check_contract(patch)
+    name = megatron_layer_offset.FUNCTION
+    copies = {"megatron.core.transformer.transformer_block", "megatron.core.models.gpt.gpt_layer_specs"}
+    assert finding.state == "applied"
+    assert {f"{megatron_layer_offset.MODULE}:{name}", *(f"{m}:{name}" for m in copies)} <= finding.changed
 
 
 def test_verl_distillation_floor_on_verl_0_9_1(verl_losses: Any) -> None:  # noqa: F811  (the fixture)

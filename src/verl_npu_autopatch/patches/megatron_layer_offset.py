@@ -1,0 +1,144 @@
+"""``megatron.layer_offset``: with MindSpeed-LLM's uneven pipeline stages (``num_layer_list``),
+megatron-core's ``get_transformer_layer_offset`` answers the stage's first layer as the prefix
+sum of the list, in every module that took the function by name.
+
+MindSpeed-LLM's ``--num-layer-list`` (e.g. ``3,2,2``: layers per pipeline stage) lands on the
+``TransformerConfig`` as ``num_layer_list`` (a comma string or a list). Its feature patches
+``TransformerLayer._get_layer_offset`` and the number of layers each stage builds, but not
+``get_transformer_layer_offset`` itself, which Megatron computes from an even split (or its own
+first/last-stage options). ``TransformerBlock`` (global layer numbers, sharded state dicts), the
+layer specs and the MTP block call that function, most of them through a copy taken with
+``from megatron.core.transformer.transformer_layer import get_transformer_layer_offset``: stage 1
+of ``3,2,2`` then numbers its layers from 2, not 3, and two stages hold layer 3 (duplicate layer
+ids, checkpoints overwriting each other's layers; the recipe's
+``mindspeed-llm-fix-get-transformer-layer-offset.patch`` and ``A5/mindspeed-llm_A5.patch``).
+
+The fix wraps the function: when the config carries an uneven ``num_layer_list`` that fits the
+run (one entry per pipeline stage, summing to ``num_layers``) and no virtual pipeline stage is
+asked for, it returns the sum of the entries before the stage (``pp_rank`` when given, else
+Megatron's ``parallel_state`` rank); any other call gets Megatron's own result. The engine
+rebinds the copies in ``megatron`` (``Patch.copies``). A release whose function reads
+``num_layer_list`` itself is ``fixed-upstream``; every release read (core 0.12.1 to 0.19.2) lacks it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from verl_npu_autopatch.patches._family import wrapping_fix
+from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
+from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Verdict, fixed_upstream, unsupported
+
+MODULE = "megatron.core.transformer.transformer_layer"
+FUNCTION = "get_transformer_layer_offset"
+#: MindSpeed-LLM's per-stage layer counts on the config.
+FIELD = "num_layer_list"
+#: The releases' parameters: ``config`` (0.12.1), then ``vp_stage`` (0.13.1), then ``pp_rank`` (0.15.3).
+PARAMS = ("config", "vp_stage", "pp_rank")
+#: Where the releases take the stage from (whitespace-free).
+RANK = "parallel_state.get_pipeline_model_parallel_rank()"
+#: megatron-core's modules that copy the function at top level, in the releases read.
+COPIERS = (
+    "megatron.core.transformer.transformer_block",
+    "megatron.core.transformer.multi_token_prediction",
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.models.gpt.experimental_attention_variant_module_specs",
+    "megatron.core.models.gpt.heterogeneous.heterogeneous_layer_specs",
+    "megatron.core.post_training.modelopt.gpt.model_specs",
+)
+
+
+def offset_rule(code: Code) -> Verdict:
+    """Decide on ``get_transformer_layer_offset``."""
+    params = code.params or ()
+    if params != PARAMS[: len(params)] or not params:
+        return unsupported(f"{FUNCTION}(config[, vp_stage[, pp_rank]])", f"{FUNCTION}({', '.join(params)})")
+    if code.has(FIELD):
+        return fixed_upstream(f"{FUNCTION} reads {FIELD} itself")
+    if code.has(RANK):
+        return APPLY
+    return unsupported(f"{FUNCTION} taking the stage from {RANK}", "another source")
+
+
+def stage_sizes(raw: Any) -> tuple[int, ...] | None:
+    """The layers per stage ``num_layer_list`` says (``"3,2,2"``, ``"'3;2;2'"`` or ``[3, 2, 2]``),
+    or ``None`` when it is unset or not a list of whole numbers."""
+    if not raw:
+        return None
+    items = raw.strip("'\"").replace(";", ",").split(",") if isinstance(raw, str) else raw
+    try:
+        sizes = tuple(int(str(item).strip()) for item in items if str(item).strip())
+    except (TypeError, ValueError):  # not a list of counts: leave the offset to Megatron
+        return None
+    return sizes or None
+
+
+def uneven_offset(config: Any, rank: int) -> int | None:
+    """Stage ``rank``'s first layer by the config's ``num_layer_list``, or ``None`` (Megatron's
+    answer stands) when the list is unset, even, or does not fit the run, or a virtual pipeline is on."""
+    sizes = stage_sizes(getattr(config, FIELD, None))
+    if sizes is None or len(set(sizes)) < 2 or (getattr(config, "virtual_pipeline_model_parallel_size", None) or 1) > 1:
+        return None
+    if len(sizes) != getattr(config, "pipeline_model_parallel_size", None) or sum(sizes) != config.num_layers:
+        return None
+    return sum(sizes[:rank]) if 0 <= rank < len(sizes) else None
+
+
+def _check(site: Site) -> Verdict:
+    verdict = offset_rule(Code.live(site.value))
+    if verdict.action == "apply" and getattr(site.module, "parallel_state", None) is None:
+        return unsupported(f"{MODULE}.parallel_state", "none")
+    return verdict
+
+
+def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
+    state = site.module.parallel_state
+
+    @functools.wraps(original)
+    def get_transformer_layer_offset(config: Any, *args: Any, **kwargs: Any) -> Any:
+        # the rule admits only PARAMS' prefixes: args are (vp_stage, pp_rank) in that order
+        vp_stage = kwargs.get("vp_stage", args[0] if args else None)
+        if getattr(config, FIELD, None) and vp_stage is None:
+            rank = kwargs.get("pp_rank", args[1] if len(args) > 1 else None)
+            offset = uneven_offset(config, state.get_pipeline_model_parallel_rank() if rank is None else rank)
+            if offset is not None:
+                return offset
+        return original(config, *args, **kwargs)
+
+    return get_transformer_layer_offset
+
+
+def _static(tree: UpstreamTree) -> Verdict:
+    verdict = tree.judge(MODULE, FUNCTION, offset_rule)
+    source = tree.module(MODULE)
+    if verdict.action == "apply" and (source is None or not source.binds("parallel_state")):
+        return unsupported(f"{MODULE}.parallel_state", "none")
+    return verdict
+
+
+def _note(tree: UpstreamTree) -> str | None:
+    """How many of :data:`COPIERS` copy the function in a release (the copies the engine rebinds)."""
+    found = [name for name in COPIERS if (source := tree.module(name)) and source.imports_from(MODULE, FUNCTION)]
+    return f"copied by `from ... import` into {len(found)} modules" if found else None
+
+
+PATCHES = [
+    Patch(
+        name="megatron.layer_offset",
+        summary="get_transformer_layer_offset follows MindSpeed-LLM's uneven num_layer_list "
+        "(a prefix sum), copies included.",
+        reference="https://github.com/verl-project/verl-ascend-recipe",
+        groups=("megatron",),
+        targets=(Target(MODULE, FUNCTION),),
+        check=_check,
+        fix=wrapping_fix(_wrap),
+        copies=("megatron",),
+        static=StaticRule(
+            _static,
+            reads=(f"{MODULE.replace('.', '/')}.py", *(f"{name.replace('.', '/')}.py" for name in COPIERS)),
+            note=_note,
+        ),
+    ),
+]

@@ -1,0 +1,119 @@
+"""``megatron.layer_offset`` on the real megatron-core: each release's wheel is put on ``sys.path``
+and its ``transformer_layer`` and the modules copying ``get_transformer_layer_offset`` are imported
+as they are, on CPU. The pipeline stage is set through the release's own ``parallel_state``
+setters (no process group needed)."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from tests.verl.helpers import record, release_package, start
+from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.patches import megatron_layer_offset as family
+from verl_npu_autopatch.patching import marked_by
+
+(PATCH,) = family.PATCHES
+#: Releases importable on this CPU env (0.19.2's MoE package needs triton).
+VERSIONS = ("0.12.1", "0.16.1", "0.17.0")
+#: The copiers imported in every release read here.
+COPIERS = ("megatron.core.transformer.transformer_block", "megatron.core.models.gpt.gpt_layer_specs")
+
+
+def _forget_megatron() -> None:
+    for name in [n for n in sys.modules if n == "megatron" or n.startswith("megatron.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def megatron_layers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Import a release's ``transformer_layer`` and :data:`COPIERS` from its wheel's files (before
+    any fix: the copies hold Megatron's function); forgets them after the test."""
+
+    def load(version: str) -> dict[str, ModuleType]:
+        _forget_megatron()
+        monkeypatch.syspath_prepend(str(release_package("megatron-core", version)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
+            for name in (family.MODULE, *COPIERS):
+                __import__(name)
+        return {name: sys.modules[name] for name in (family.MODULE, *COPIERS)}
+
+    yield load
+    _forget_megatron()
+
+
+def _config(layers: int, stages: int, num_layer_list: Any = None, **extra: Any) -> Any:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=layers,
+        hidden_size=8,
+        num_attention_heads=1,
+        pipeline_model_parallel_size=stages,
+        pipeline_dtype=torch.float32,
+        **extra,
+    )
+    config.num_layer_list = num_layer_list  # as MindSpeed-LLM's config_from_args puts it there
+    return config
+
+
+def _offsets(function: Any, config: Any) -> list[int]:
+    """The offset ``function`` answers on each stage of ``config``'s pipeline."""
+    from megatron.core import parallel_state
+
+    parallel_state.set_pipeline_model_parallel_world_size(config.pipeline_model_parallel_size)
+    found = []
+    for rank in range(config.pipeline_model_parallel_size):
+        parallel_state.set_pipeline_model_parallel_rank(rank)
+        found.append(function(config))
+    parallel_state.set_pipeline_model_parallel_rank(None)
+    parallel_state.set_pipeline_model_parallel_world_size(None)
+    return found
+
+
+def _layer_ids(offsets: list[int], sizes: list[int]) -> list[int]:
+    """The 1-based global layer numbers the stages build (``layer_number + offset``)."""
+    return [offset + number for offset, size in zip(offsets, sizes, strict=True) for number in range(1, size + 1)]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_uneven_stages_get_duplicate_ids_and_the_fix_numbers_them_in_order(
+    megatron_layers: Any, engines: list[Engine], version: str
+) -> None:
+    modules = megatron_layers(version)
+    upstream = modules[family.MODULE].get_transformer_layer_offset
+    assert all(m.get_transformer_layer_offset is upstream for m in modules.values())
+    sizes = [3, 2, 2]
+    uneven = _config(7, 3, "3,2,2")
+    before = _offsets(upstream, uneven)
+    assert before == [0, 2, 4] and _layer_ids(before, sizes) == [1, 2, 3, 3, 4, 5, 6]  # layer 3 twice, 7 never
+    others = (_config(6, 3, [2, 2, 2]), _config(7, 3), _config(8, 3, "3,2,2"))  # even, unset, not summing up
+    megatron_answers = [_offsets(upstream, config) for config in others]
+
+    engine = start(engines, [PATCH])
+    assert record(engine, PATCH.name) == ("applied", "fix installed")
+    fixed = modules[family.MODULE].get_transformer_layer_offset
+    assert marked_by(fixed) == PATCH.name
+    assert all(m.get_transformer_layer_offset is fixed for m in modules.values())  # the copies rebound
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import megatron.core.models.gpt.heterogeneous.heterogeneous_layer_specs as late  # copies after the fix
+    assert late.get_transformer_layer_offset is fixed
+    block = modules["megatron.core.transformer.transformer_block"].get_transformer_layer_offset
+    assert _offsets(block, uneven) == [0, 3, 5] and _layer_ids([0, 3, 5], sizes) == list(range(1, 8))
+    assert _offsets(block, _config(7, 3, "'3;2;2'")) == [0, 3, 5]  # MindSpeed's quoted, ';'-separated form
+    assert [_offsets(block, config) for config in others] == megatron_answers  # Megatron's answer stands
+    if version != "0.12.1":  # pp_rank / vp_stage parameters since 0.15.3 / 0.13.1
+        assert [block(uneven, pp_rank=rank) for rank in range(3)] == [0, 3, 5]
+        # a virtual stage goes to Megatron's own function
+        assert block(uneven, vp_stage=1, pp_rank=1) == upstream(uneven, vp_stage=1, pp_rank=1)
+
+    assert engine.revert() == [PATCH.name]
+    assert all(m.get_transformer_layer_offset is upstream for m in [*modules.values(), late])
