@@ -48,6 +48,7 @@ FAMILIES: tuple[str, ...] = (
     "torch_npu_nested_tensor_intercept",
     "megatron_mtp_postprocess",
     "megatron_expert_bias_fp32",
+    "megatron_async_save_format",
     "verl_distillation_log_prob_floor",
     "verl_npu_version_probe",
     "verl_checkpoint_send_reoffload",

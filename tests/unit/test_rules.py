@@ -15,6 +15,7 @@ from verl_npu_autopatch.patches import (
     ascend_fused_moe_copies,
     ascend_routed_experts_capture,
     liger_arbitration,
+    megatron_async_save_format,
     megatron_expert_bias_fp32,
     megatron_mtp_postprocess,
     tensordict_npu_sync,
@@ -109,6 +110,25 @@ ROTARY_GUARDED = """
         from flash_attn.ops.triton.rotary import apply_rotary
 """
 
+ASYNC_CALL = megatron_async_save_format.CALL
+
+
+def _write_item_27(transforms: object, stream: object, data: object, item: object, key: str) -> None:
+    """torch 2.7's ``_write_item`` parameters."""
+
+
+def _write_item_28(
+    transforms: object, stream: object, data: object, item: object, key: str, serialization_format: object
+) -> None:
+    """torch >= 2.8's."""
+
+
+def _write_item_defaulted(
+    transforms: object, stream: object, data: object, item: object, key: str, serialization_format: object = None
+) -> None:
+    """A torch that gives the argument a default."""
+
+
 CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     # ascend.camem_sleep_sync
     "camem: unmap without sync": (
@@ -140,6 +160,31 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         lambda: megatron_expert_bias_fp32.float16_rule(Code("def__init__(self,m):m.half()", ("self", "m"))),
         "unsupported",
     ),
+    # megatron.async_save_format: the writer's call, then torch's function
+    "async save: 0.12.1 call": (
+        lambda: megatron_async_save_format.writer_rule(Code(f"defwrite_preloaded_data():{ASYNC_CALL}", None)),
+        "apply",
+    ),
+    "async save: passes the format": (
+        lambda: megatron_async_save_format.writer_rule(
+            Code(f"defw():kw['serialization_format']=f{ASYNC_CALL[:-1]},**kw)", None)
+        ),
+        "fixed-upstream",
+    ),
+    "async save: another call": (
+        lambda: megatron_async_save_format.writer_rule(Code("defw():write(stream,item)", None)),
+        "unsupported",
+    ),
+    "async save: torch requires the format": (
+        lambda: megatron_async_save_format.torch_rule(_write_item_28),
+        "apply",
+    ),
+    "async save: torch < 2.8": (lambda: megatron_async_save_format.torch_rule(_write_item_27), "fixed-upstream"),
+    "async save: torch defaults it": (
+        lambda: megatron_async_save_format.torch_rule(_write_item_defaulted),
+        "fixed-upstream",
+    ),
+    "async save: no signature": (lambda: megatron_async_save_format.torch_rule(object()), "unsupported"),
     # verl.distillation_log_prob_floor
     "distillation: 0.9.1 unfloored": (
         lambda: verl_distillation_log_prob_floor.estimator_rule(Code(f"{ESTIMATOR}{UNFLOORED}", ESTIMATOR_PARAMS)),

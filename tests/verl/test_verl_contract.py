@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.support import contract
+from tests.verl.test_megatron_async_save_format import megatron_writer  # noqa: F401  (fixture)
 from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: F401  (fixture)
 from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
 from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
@@ -16,6 +17,7 @@ from tests.verl.test_verl_checkpoint_send_reoffload import verl_workers  # noqa:
 from tests.verl.test_verl_distillation_log_prob_floor import ESTIMATOR_NAMES, verl_losses  # noqa: F401  (fixture)
 from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)
 from verl_npu_autopatch.patches import (
+    megatron_async_save_format,
     megatron_expert_bias_fp32,
     megatron_mtp_postprocess,
     torch_npu_nested_tensor_intercept,
@@ -51,6 +53,13 @@ def test_megatron_expert_bias_on_megatron_core_0_16_1(megatron_release: Any) -> 
     finding = contract.check_contract(patch)
     target = f"{megatron_expert_bias_fp32.MODULE}:Float16Module.__init__"
     assert (finding.state, finding.changed) == ("applied", {target})
+
+
+def test_megatron_async_save_format_on_megatron_core_0_12_1(megatron_writer: Any) -> None:  # noqa: F811
+    megatron_writer("0.12.1")
+    (patch,) = contract.live_patches(megatron_async_save_format.PATCHES)
+    finding = contract.check_contract(patch)
+    assert (finding.state, finding.changed) == ("applied", {f"{megatron_async_save_format.MODULE}:_write_item"})
 
 
 def test_verl_distillation_floor_on_verl_0_9_1(verl_losses: Any) -> None:  # noqa: F811  (the fixture)
