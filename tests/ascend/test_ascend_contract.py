@@ -13,6 +13,7 @@ import pytest
 from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_fused_moe_copies import moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_aborted_receive import connector  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_capture import release  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_dp_padding_trim import paired  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
@@ -25,6 +26,7 @@ from verl_npu_autopatch.patches import (
     ascend_fused_moe_copies,
     ascend_gate_fp32_in_place,
     ascend_glm52,
+    ascend_mooncake_aborted_receive,
     ascend_routed_experts_capture,
     ascend_routed_experts_dp_padding_trim,
     ascend_sampler_record_stream,
@@ -64,6 +66,12 @@ def test_sampler_record_stream(sampler: types.ModuleType) -> None:  # noqa: F811
     assert _applied(ascend_sampler_record_stream.PATCHES) == {
         "ascend.sampler_record_stream": {f"{ascend_sampler_record_stream.SAMPLER}:random_sample"}
     }
+
+
+@pytest.mark.parametrize("connector", ["0.23.0", "0.30.0rc2"], indirect=True)
+def test_mooncake_aborted_receive(connector: types.ModuleType) -> None:  # noqa: F811
+    method = f"{connector.__name__}:MooncakeConnectorScheduler.request_finished"
+    assert _applied(ascend_mooncake_aborted_receive.PATCHES) == {"ascend.mooncake_aborted_receive": {method}}
 
 
 @pytest.mark.parametrize("linear", ["0.23.0", "0.27.1rc1"], indirect=True)

@@ -13,6 +13,7 @@ import pytest
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
     ascend_fused_moe_copies,
+    ascend_mooncake_aborted_receive,
     ascend_routed_experts_capture,
     liger_arbitration,
     megatron_async_save_format,
@@ -110,6 +111,12 @@ ROTARY_GUARDED = """
         from flash_attn.ops.triton.rotary import apply_rotary
 """
 
+FINISHED = "defrequest_finished(self,request,block_ids):"
+FINISHED_PARAMS = ("self", "request", "block_ids")
+DECODE_RETURN = (
+    'ifnotparams.get("do_remote_decode")orrequest.status!=RequestStatus.FINISHED_LENGTH_CAPPED:returnFalse,None'
+)
+
 ASYNC_CALL = megatron_async_save_format.CALL
 
 
@@ -158,6 +165,31 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "expert bias: other parameters": (
         lambda: megatron_expert_bias_fp32.float16_rule(Code("def__init__(self,m):m.half()", ("self", "m"))),
+        "unsupported",
+    ),
+    # ascend.mooncake_aborted_receive
+    "mooncake: 0.23.0 decode-side return only": (
+        lambda: ascend_mooncake_aborted_receive.finished_rule(Code(f"{FINISHED}{DECODE_RETURN}", FINISHED_PARAMS)),
+        "apply",
+    ),
+    "mooncake: 0.26.0rc1 empty receive while waiting": (
+        lambda: ascend_mooncake_aborted_receive.finished_rule(
+            Code(f'{FINISHED}ifparams.get("do_remote_prefill"):q(){DECODE_RETURN}', FINISHED_PARAMS)
+        ),
+        "apply",
+    ),
+    "mooncake: replaces a queued receive": (
+        lambda: ascend_mooncake_aborted_receive.finished_rule(
+            Code(f"{FINISHED}ifrequest.request_idinself._reqs_need_recv:q(){DECODE_RETURN}", FINISHED_PARAMS)
+        ),
+        "fixed-upstream",
+    ),
+    "mooncake: another body": (
+        lambda: ascend_mooncake_aborted_receive.finished_rule(Code(f"{FINISHED}returnFalse,None", FINISHED_PARAMS)),
+        "unsupported",
+    ),
+    "mooncake: other parameters": (
+        lambda: ascend_mooncake_aborted_receive.finished_rule(Code(DECODE_RETURN, ("self", "request"))),
         "unsupported",
     ),
     # megatron.async_save_format: the writer's call, then torch's function
