@@ -42,6 +42,7 @@ FAMILIES: tuple[str, ...] = (
     "ascend_gate_fp32_in_place",
     "ascend_fused_moe_copies",
     "ascend_mooncake_aborted_receive",
+    "ascend_mooncake_truncate_rehash",
     "vllm_engine_partial_wake_up",
     "verl_defer_duplicates",
     "verl_3d_position_ids",

@@ -11,11 +11,14 @@ import pytest
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_aborted_receive import ALL as ALL_MOONCAKE
 from tests.ascend.test_ascend_mooncake_aborted_receive import connector  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_truncate_rehash import RELEASES as TRUNCATING
+from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
 from tests.support import contract, upstream
 from verl_npu_autopatch.patches import (
     ascend_gate_fp32_in_place,
     ascend_mooncake_aborted_receive,
+    ascend_mooncake_truncate_rehash,
     ascend_sampler_record_stream,
 )
 from verl_npu_autopatch.patches._fingerprints import UpstreamTree
@@ -58,3 +61,9 @@ def test_gate_fp32_in_place(linear: types.ModuleType, releases: dict, request: p
 def test_mooncake_aborted_receive(connector: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
     (patch,) = ascend_mooncake_aborted_receive.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["connector"], releases)
+
+
+@pytest.mark.parametrize("truncating", TRUNCATING, indirect=True)
+def test_mooncake_truncate_rehash(truncating: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_mooncake_truncate_rehash.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["truncating"], releases)

@@ -14,6 +14,7 @@ from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
     ascend_fused_moe_copies,
     ascend_mooncake_aborted_receive,
+    ascend_mooncake_truncate_rehash,
     ascend_routed_experts_capture,
     liger_arbitration,
     megatron_async_save_format,
@@ -117,6 +118,9 @@ DECODE_RETURN = (
     'ifnotparams.get("do_remote_decode")orrequest.status!=RequestStatus.FINISHED_LENGTH_CAPPED:returnFalse,None'
 )
 
+TRUNCATE = "def_truncate_request_for_prefill(self,request):"
+DROPS = 'request._all_token_ids.pop()request.num_prompt_tokens-=1params["_p_side_truncated"]=True'
+
 ASYNC_CALL = megatron_async_save_format.CALL
 
 
@@ -190,6 +194,25 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "mooncake: other parameters": (
         lambda: ascend_mooncake_aborted_receive.finished_rule(Code(DECODE_RETURN, ("self", "request"))),
+        "unsupported",
+    ),
+    # ascend.mooncake_truncate_rehash
+    "truncate: drops the token, keeps the hashes": (
+        lambda: ascend_mooncake_truncate_rehash.truncate_rule(Code(f"{TRUNCATE}{DROPS}", ("self", "request"))),
+        "apply",
+    ),
+    "truncate: rehashes": (
+        lambda: ascend_mooncake_truncate_rehash.truncate_rule(
+            Code(f"{TRUNCATE}{DROPS}request.block_hashes.clear()request.update_block_hashes()", ("self", "request"))
+        ),
+        "fixed-upstream",
+    ),
+    "truncate: another body": (
+        lambda: ascend_mooncake_truncate_rehash.truncate_rule(Code(f"{TRUNCATE}pass", ("self", "request"))),
+        "unsupported",
+    ),
+    "truncate: other parameters": (
+        lambda: ascend_mooncake_truncate_rehash.truncate_rule(Code(DROPS, ("self", "request", "n"))),
         "unsupported",
     ),
     # megatron.async_save_format: the writer's call, then torch's function
