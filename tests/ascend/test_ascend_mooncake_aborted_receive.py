@@ -16,6 +16,7 @@ import logging
 import math
 import types
 from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
 import pytest
@@ -51,14 +52,19 @@ def load_connector(root) -> types.ModuleType:
     return upstream.load_subset(root / PATH, NAME, {"MooncakeConnectorScheduler": ("request_finished",)}, (), namespace)
 
 
-@pytest.fixture
-def connector(request, releases, npu) -> Iterator[types.ModuleType]:
-    module = load_connector(releases[request.param][0])
+def installed(module: types.ModuleType) -> ContextManager[None]:
+    """``module`` in ``sys.modules`` as the connector, its parent packages TEST DOUBLES."""
     stubs: dict[str, types.ModuleType] = {}
     for name in PARENTS:
         stubs[name] = doubles.stub_module(name, "TEST DOUBLE: a package holding the connector only")
         stubs[name].__path__ = []  # type: ignore[attr-defined]
-    with doubles.modules({**stubs, NAME: module}):
+    return doubles.modules({**stubs, NAME: module})
+
+
+@pytest.fixture
+def connector(request, releases, npu) -> Iterator[types.ModuleType]:
+    module = load_connector(releases[request.param][0])
+    with installed(module):
         yield module
 
 

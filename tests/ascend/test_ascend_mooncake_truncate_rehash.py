@@ -20,8 +20,7 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.request import Request
 
-from tests.ascend import doubles
-from tests.ascend.test_ascend_mooncake_aborted_receive import PARENTS, PATH
+from tests.ascend.test_ascend_mooncake_aborted_receive import PATH, installed
 from tests.support import upstream
 from verl_npu_autopatch.patches import ascend_mooncake_truncate_rehash as family
 
@@ -40,11 +39,7 @@ def load_connector(root) -> types.ModuleType:
 @pytest.fixture
 def truncating(request, releases, npu) -> Iterator[types.ModuleType]:
     module = load_connector(releases[request.param][0])
-    stubs: dict[str, types.ModuleType] = {}
-    for name in PARENTS:
-        stubs[name] = doubles.stub_module(name, "TEST DOUBLE: a package holding the connector only")
-        stubs[name].__path__ = []  # type: ignore[attr-defined]
-    with doubles.modules({**stubs, NAME: module}):
+    with installed(module):
         yield module
 
 
