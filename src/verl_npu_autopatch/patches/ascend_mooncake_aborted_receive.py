@@ -11,11 +11,11 @@ requests routinely):
 * aborted before its blocks were allocated (``do_remote_prefill`` still set, or rejected at
   admission): nothing is queued, so no ``DONE_RECVING`` is sent and the prefill node holds the
   blocks until its abort timeout (``VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT``). 0.26.0rc1 queues an
-  empty receive for this case; 0.23.0 to 0.25.1rc1 do not.
+  empty receive for this case; 0.18.0 to 0.25.1rc1 do not.
 * aborted after ``update_state_after_alloc`` queued the receive (the flag already cleared) but
   before the next ``build_connector_meta`` handed it to the worker: the queued entry keeps the
   request's local block ids, which the abort has just freed, so the worker pulls the remote KV
-  into blocks another request may now hold. No release up to 0.30.0rc2 handles this.
+  into blocks another request may now hold. No release read (0.18.0 to 0.30.0rc2) handles this.
 
 The fix (the recipe's ``all_disconnect/vllm-ascend.patch``, its scheduler part) wraps
 ``request_finished``: for a request with ``kv_transfer_params`` that still has a receive coming

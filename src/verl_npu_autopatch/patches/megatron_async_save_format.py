@@ -66,7 +66,10 @@ def torch_rule(write_item: Any) -> Verdict:
 
 def check(site: Site) -> Verdict:
     """Both sides: the writer's call (the module's code), then torch's live function."""
-    writer = inspect.getattr_static(site.module.FileSystemWriterAsync, WRITER.rpartition(".")[2])
+    owner = getattr(site.module, "FileSystemWriterAsync", None)
+    writer = None if owner is None else inspect.getattr_static(owner, "write_preloaded_data", None)
+    if writer is None:
+        return unsupported(f"{MODULE}:{WRITER}", "no such method")
     verdict = writer_rule(Code.live(writer))
     return verdict if verdict is not APPLY else torch_rule(site.value)
 
