@@ -14,6 +14,8 @@ from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_fused_moe_copies import moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_aborted_receive import connector  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_capture import release  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_dp_padding_trim import paired  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
@@ -27,6 +29,8 @@ from verl_npu_autopatch.patches import (
     ascend_fused_moe_copies,
     ascend_gate_fp32_in_place,
     ascend_glm52,
+    ascend_mooncake_aborted_receive,
+    ascend_mooncake_truncate_rehash,
     ascend_routed_experts_capture,
     ascend_routed_experts_dp_padding_trim,
     ascend_sampler_record_stream,
@@ -66,6 +70,18 @@ def test_sampler_record_stream(sampler: types.ModuleType) -> None:  # noqa: F811
     assert _applied(ascend_sampler_record_stream.PATCHES) == {
         "ascend.sampler_record_stream": {f"{ascend_sampler_record_stream.SAMPLER}:random_sample"}
     }
+
+
+@pytest.mark.parametrize("connector", ["0.23.0", "0.30.0rc2"], indirect=True)
+def test_mooncake_aborted_receive(connector: types.ModuleType) -> None:  # noqa: F811
+    method = f"{connector.__name__}:MooncakeConnectorScheduler.request_finished"
+    assert _applied(ascend_mooncake_aborted_receive.PATCHES) == {"ascend.mooncake_aborted_receive": {method}}
+
+
+@pytest.mark.parametrize("truncating", ["0.23.0", "0.30.0rc2"], indirect=True)
+def test_mooncake_truncate_rehash(truncating: types.ModuleType) -> None:  # noqa: F811
+    method = f"{truncating.__name__}:MooncakeConnectorScheduler._truncate_request_for_prefill"
+    assert _applied(ascend_mooncake_truncate_rehash.PATCHES) == {"ascend.mooncake_truncate_rehash": {method}}
 
 
 @pytest.mark.parametrize("linear", ["0.23.0", "0.27.1rc1"], indirect=True)

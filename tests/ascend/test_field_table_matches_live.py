@@ -11,11 +11,17 @@ import pytest
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import RELEASES as ROPE
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_aborted_receive import ALL as ALL_MOONCAKE
+from tests.ascend.test_ascend_mooncake_aborted_receive import connector  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_truncate_rehash import RELEASES as TRUNCATING
+from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
 from tests.support import contract, upstream
 from verl_npu_autopatch.patches import (
     ascend_dsv4_rope_plain_swa,
     ascend_gate_fp32_in_place,
+    ascend_mooncake_aborted_receive,
+    ascend_mooncake_truncate_rehash,
     ascend_sampler_record_stream,
 )
 from verl_npu_autopatch.patches._fingerprints import UpstreamTree
@@ -24,6 +30,7 @@ from verl_npu_autopatch.spec import Patch
 STATES = {"apply": "applied", "fixed-upstream": "fixed-upstream", "unsupported": "unsupported"}
 #: The releases whose files hold each target (older ones: ``unsupported`` in the table, no file to load).
 SAMPLER = ("0.21.0rc1", "0.23.0", "0.23.0.post1", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.30.0rc2")
+MOONCAKE = ("0.18.0", "0.21.0rc1", *ALL_MOONCAKE)
 GATE = ("0.23.0", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1", "0.30.0rc2")
 
 
@@ -57,3 +64,15 @@ def test_gate_fp32_in_place(linear: types.ModuleType, releases: dict, request: p
 def test_dsv4_rope_plain_swa(rope: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
     (patch,) = ascend_dsv4_rope_plain_swa.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["rope"], releases)
+
+
+@pytest.mark.parametrize("connector", MOONCAKE, indirect=True)
+def test_mooncake_aborted_receive(connector: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_mooncake_aborted_receive.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["connector"], releases)
+
+
+@pytest.mark.parametrize("truncating", TRUNCATING, indirect=True)
+def test_mooncake_truncate_rehash(truncating: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_mooncake_truncate_rehash.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["truncating"], releases)

@@ -15,8 +15,11 @@ from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
     ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
+    ascend_mooncake_aborted_receive,
+    ascend_mooncake_truncate_rehash,
     ascend_routed_experts_capture,
     liger_arbitration,
+    megatron_async_save_format,
     megatron_expert_bias_fp32,
     megatron_layer_offset,
     megatron_mtp_postprocess,
@@ -112,6 +115,34 @@ ROTARY_GUARDED = """
         from flash_attn.ops.triton.rotary import apply_rotary
 """
 
+FINISHED = "defrequest_finished(self,request,block_ids):"
+FINISHED_PARAMS = ("self", "request", "block_ids")
+DECODE_RETURN = (
+    'ifnotparams.get("do_remote_decode")orrequest.status!=RequestStatus.FINISHED_LENGTH_CAPPED:returnFalse,None'
+)
+
+TRUNCATE = "def_truncate_request_for_prefill(self,request):"
+DROPS = 'request._all_token_ids.pop()request.num_prompt_tokens-=1params["_p_side_truncated"]=True'
+
+ASYNC_CALL = megatron_async_save_format.CALL
+
+
+def _write_item_27(transforms: object, stream: object, data: object, item: object, key: str) -> None:
+    """torch 2.7's ``_write_item`` parameters."""
+
+
+def _write_item_28(
+    transforms: object, stream: object, data: object, item: object, key: str, serialization_format: object
+) -> None:
+    """torch >= 2.8's."""
+
+
+def _write_item_defaulted(
+    transforms: object, stream: object, data: object, item: object, key: str, serialization_format: object = None
+) -> None:
+    """A torch that gives the argument a default."""
+
+
 CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     # ascend.camem_sleep_sync
     "camem: unmap without sync": (
@@ -143,6 +174,75 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         lambda: megatron_expert_bias_fp32.float16_rule(Code("def__init__(self,m):m.half()", ("self", "m"))),
         "unsupported",
     ),
+    # ascend.mooncake_aborted_receive
+    "mooncake: 0.23.0 decode-side return only": (
+        lambda: ascend_mooncake_aborted_receive.finished_rule(Code(f"{FINISHED}{DECODE_RETURN}", FINISHED_PARAMS)),
+        "apply",
+    ),
+    "mooncake: 0.26.0rc1 empty receive while waiting": (
+        lambda: ascend_mooncake_aborted_receive.finished_rule(
+            Code(f'{FINISHED}ifparams.get("do_remote_prefill"):q(){DECODE_RETURN}', FINISHED_PARAMS)
+        ),
+        "apply",
+    ),
+    "mooncake: replaces a queued receive": (
+        lambda: ascend_mooncake_aborted_receive.finished_rule(
+            Code(f"{FINISHED}ifrequest.request_idinself._reqs_need_recv:q(){DECODE_RETURN}", FINISHED_PARAMS)
+        ),
+        "fixed-upstream",
+    ),
+    "mooncake: another body": (
+        lambda: ascend_mooncake_aborted_receive.finished_rule(Code(f"{FINISHED}returnFalse,None", FINISHED_PARAMS)),
+        "unsupported",
+    ),
+    "mooncake: other parameters": (
+        lambda: ascend_mooncake_aborted_receive.finished_rule(Code(DECODE_RETURN, ("self", "request"))),
+        "unsupported",
+    ),
+    # ascend.mooncake_truncate_rehash
+    "truncate: drops the token, keeps the hashes": (
+        lambda: ascend_mooncake_truncate_rehash.truncate_rule(Code(f"{TRUNCATE}{DROPS}", ("self", "request"))),
+        "apply",
+    ),
+    "truncate: rehashes": (
+        lambda: ascend_mooncake_truncate_rehash.truncate_rule(
+            Code(f"{TRUNCATE}{DROPS}request.block_hashes.clear()request.update_block_hashes()", ("self", "request"))
+        ),
+        "fixed-upstream",
+    ),
+    "truncate: another body": (
+        lambda: ascend_mooncake_truncate_rehash.truncate_rule(Code(f"{TRUNCATE}pass", ("self", "request"))),
+        "unsupported",
+    ),
+    "truncate: other parameters": (
+        lambda: ascend_mooncake_truncate_rehash.truncate_rule(Code(DROPS, ("self", "request", "n"))),
+        "unsupported",
+    ),
+    # megatron.async_save_format: the writer's call, then torch's function
+    "async save: 0.12.1 call": (
+        lambda: megatron_async_save_format.writer_rule(Code(f"defwrite_preloaded_data():{ASYNC_CALL}", None)),
+        "apply",
+    ),
+    "async save: passes the format": (
+        lambda: megatron_async_save_format.writer_rule(
+            Code(f"defw():kw['serialization_format']=f{ASYNC_CALL[:-1]},**kw)", None)
+        ),
+        "fixed-upstream",
+    ),
+    "async save: another call": (
+        lambda: megatron_async_save_format.writer_rule(Code("defw():write(stream,item)", None)),
+        "unsupported",
+    ),
+    "async save: torch requires the format": (
+        lambda: megatron_async_save_format.torch_rule(_write_item_28),
+        "apply",
+    ),
+    "async save: torch < 2.8": (lambda: megatron_async_save_format.torch_rule(_write_item_27), "fixed-upstream"),
+    "async save: torch defaults it": (
+        lambda: megatron_async_save_format.torch_rule(_write_item_defaulted),
+        "fixed-upstream",
+    ),
+    "async save: no signature": (lambda: megatron_async_save_format.torch_rule(object()), "unsupported"),
     # verl.distillation_log_prob_floor
     "distillation: 0.9.1 unfloored": (
         lambda: verl_distillation_log_prob_floor.estimator_rule(Code(f"{ESTIMATOR}{UNFLOORED}", ESTIMATOR_PARAMS)),

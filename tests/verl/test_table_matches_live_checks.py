@@ -11,12 +11,14 @@ import pytest
 
 from tests.support import contract
 from tests.verl.helpers import release_root
+from tests.verl.test_megatron_async_save_format import megatron_writer  # noqa: F401  (fixture)
 from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: F401  (fixture)
 from tests.verl.test_megatron_layer_offset import megatron_layers  # noqa: F401  (fixture)
 from tests.verl.test_verl_checkpoint_send_reoffload import verl_workers  # noqa: F401  (fixture)
 from tests.verl.test_verl_distillation_log_prob_floor import verl_losses  # noqa: F401  (fixture)
 from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)
 from verl_npu_autopatch.patches import (
+    megatron_async_save_format,
     megatron_expert_bias_fp32,
     megatron_layer_offset,
     verl_checkpoint_send_reoffload,
@@ -29,6 +31,7 @@ from verl_npu_autopatch.patches._fingerprints import UpstreamTree
 CASES: list[tuple[ModuleType, str, str, str]] = [
     *((megatron_expert_bias_fp32, "megatron_release", "megatron-core", v) for v in ("0.12.1", "0.16.1", "0.17.0")),
     *((megatron_layer_offset, "megatron_layers", "megatron-core", v) for v in ("0.12.1", "0.16.1", "0.17.0")),
+    *((megatron_async_save_format, "megatron_writer", "megatron-core", v) for v in ("0.12.1", "0.13.1", "0.17.0")),
     *((verl_distillation_log_prob_floor, "verl_losses", "verl", v) for v in ("0.8.0", "0.9.0", "0.9.1")),
     *((verl_npu_version_probe, "verl_device", "verl", v) for v in ("0.8.0", "0.9.1")),
     *((verl_checkpoint_send_reoffload, "verl_workers", "verl", v) for v in ("0.8.0", "0.9.0", "0.9.1")),

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.support import contract
+from tests.verl.test_megatron_async_save_format import megatron_writer  # noqa: F401  (fixture)
 from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: F401  (fixture)
 from tests.verl.test_megatron_layer_offset import megatron_layers  # noqa: F401  (fixture)
 from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
@@ -17,6 +18,7 @@ from tests.verl.test_verl_checkpoint_send_reoffload import verl_workers  # noqa:
 from tests.verl.test_verl_distillation_log_prob_floor import ESTIMATOR_NAMES, verl_losses  # noqa: F401  (fixture)
 from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)
 from verl_npu_autopatch.patches import (
+    megatron_async_save_format,
     megatron_expert_bias_fp32,
     megatron_layer_offset,
     megatron_mtp_postprocess,
@@ -63,6 +65,13 @@ def test_megatron_layer_offset_on_megatron_core_0_17_0(megatron_layers: Any) -> 
     copies = {"megatron.core.transformer.transformer_block", "megatron.core.models.gpt.gpt_layer_specs"}
     assert finding.state == "applied"
     assert {f"{megatron_layer_offset.MODULE}:{name}", *(f"{m}:{name}" for m in copies)} <= finding.changed
+
+
+def test_megatron_async_save_format_on_megatron_core_0_12_1(megatron_writer: Any) -> None:  # noqa: F811
+    megatron_writer("0.12.1")
+    (patch,) = contract.live_patches(megatron_async_save_format.PATCHES)
+    finding = contract.check_contract(patch)
+    assert (finding.state, finding.changed) == ("applied", {f"{megatron_async_save_format.MODULE}:_write_item"})
 
 
 def test_verl_distillation_floor_on_verl_0_9_1(verl_losses: Any) -> None:  # noqa: F811  (the fixture)
