@@ -341,7 +341,20 @@ class Installations:
                 continue
             host.set_state(record, "reverted", "reverted by revert()")
             done.append(record.name)
+        self._revert_yields_to(done)
         return done
+
+    def _revert_yields_to(self, reverted: list[str]) -> None:
+        """A patch that yielded its target to one just reverted is not in effect either (that owner
+        held the target, or carried this fix inside its own): its record says so, not the old owner."""
+        host = self._host
+        with host.lock:
+            slots = [s for s in host.slots.values() if s.record.state == "yielded"]
+        for slot in slots:
+            owner = next((name for name in reverted if _names_owner(slot.record.reason, name)), None)
+            if owner is not None:
+                slot.yielded = None
+                host.set_state(slot.record, "reverted", f"reverted with {owner}, which held its target")
 
     def _matching(self, name: str | None) -> list[Slot]:
         with self._host.lock:
@@ -349,6 +362,12 @@ class Installations:
         if name is None:
             return slots
         return [s for s in slots if s.patch is not None and (name == s.record.name or name in s.patch.groups)]
+
+
+def _names_owner(reason: str, name: str) -> bool:
+    """Whether a ``yielded`` reason names patch ``name`` as the target's owner."""
+    prefix = f"target owned by {name}"
+    return reason == prefix or reason.startswith((f"{prefix} ", f"{prefix},", f"{prefix};"))
 
 
 def _on_live_module(installed: ownership.Installation) -> bool:

@@ -143,6 +143,8 @@ def test_carried_by_the_capture_patch_where_it_loads_vllm_ascends_capture(paired
     assert capture(paired, [2, 4], 0, 8).tolist() == [1, 2]  # vllm-ascend's padded all-gather layout
     assert engine.revert() == [CAPTURE_STATE]
     assert paired.RoutedExpertsCapturer.__dict__["capture"] is original
+    trim = engine.report()[TRIM]  # the trim left with the capture that carried it
+    assert (trim.state, trim.reason) == ("reverted", f"reverted with {CAPTURE_STATE}, which held its target")
 
 
 @pytest.mark.parametrize("paired", ["0.18.0"], indirect=True)
