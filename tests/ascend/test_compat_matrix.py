@@ -249,6 +249,9 @@ def test_every_section_is_watched():
         "verl",  # verl's NPU runtime patch sites
     ]
     assert all(s.columns for s in script.WATCHED)
+    # every rule over another project's code (``StaticRule.also``) is decided in that project's section
+    also = {f.split("/")[0] for p in script.static_patches() for rule in p.static.also for f in rule.reads}
+    assert also == {"torch"} and also <= set(script.runtime_sections.RUNTIME_PACKAGES.values())
 
 
 def test_newer_versions_are_every_release_after_the_column(monkeypatch):
