@@ -1,5 +1,6 @@
-"""The tensordict, torch_npu, megatron-core and verl sections: each runtime patch against the releases
-of the one project it patches.
+"""The tensordict, torch_npu, megatron-core, verl and torch sections: each runtime patch against the
+releases of the one project it patches, and, for a patch whose check also reads torch's own code,
+that rule against torch's releases.
 """
 
 from __future__ import annotations
@@ -11,10 +12,16 @@ from compat_matrix.fetch import CACHE, Artifact, extract
 from compat_matrix.table import STATE_TEXT, Rows, Section, read_files, static_patches, static_rows
 
 # ----------------------------------------------------------------------------- verl runtime fixes
-# tensordict / torch_npu / megatron-core / verl patches, one release list per project (self-contained).
-#: Project → the package it installs; a patch whose static rule reads that package's files is decided
-#: on the project's releases.
-RUNTIME_PACKAGES = {"tensordict": "tensordict", "torch-npu": "torch_npu", "megatron-core": "megatron", "verl": "verl"}
+# tensordict / torch_npu / megatron-core / verl / torch, one release list per project (self-contained).
+#: Project → the package it installs; a patch whose static rule (or one of its ``also`` rules) reads
+#: that package's files is decided on the project's releases, by that rule.
+RUNTIME_PACKAGES = {
+    "tensordict": "tensordict",
+    "torch-npu": "torch_npu",
+    "megatron-core": "megatron",
+    "verl": "verl",
+    "torch": "torch",
+}
 
 
 def runtime_files(project: str) -> tuple[str, ...]:
@@ -23,8 +30,12 @@ def runtime_files(project: str) -> tuple[str, ...]:
 
 
 _MEGATRON_TAG = "cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64"
+#: torch has no sdist and its Linux wheels are CUDA builds of 0.8-1 GB: its Python files are read
+#: from the macOS arm64 wheels (67-139 MB; pure-Python files are the same on every platform).
+_TORCH_TAGS = ("cp311-cp311-macosx_14_0_arm64.whl", "cp311-none-macosx_11_0_arm64.whl")
 #: Releases read for them, oldest first per project (wheels; megatron-core >= 0.17 needs Python
-#: 3.12 to install but its files read the same).
+#: 3.12 to install but its files read the same). torch: the last release before the 2.8 boundary of
+#: ``megatron.async_save_format``, the first after it, the test environments' 2.13.0, the newest.
 RUNTIME_RELEASES: tuple[Artifact, ...] = (
     *(
         Artifact("tensordict", v, f"tensordict-{v}-cp311-cp311-manylinux_2_28_x86_64.whl")
@@ -44,13 +55,22 @@ RUNTIME_RELEASES: tuple[Artifact, ...] = (
         for v in ("0.12.1", "0.13.1", "0.14.0", "0.15.3", "0.16.0", "0.16.1", "0.17.0rc0", "0.17.0", "0.19.2")
     ),
     *(Artifact("verl", v, f"verl-{v}-py3-none-any.whl") for v in ("0.8.0", "0.9.0", "0.9.1")),
+    *(Artifact("torch", v, f"torch-{v}-{_TORCH_TAGS[1]}") for v in ("2.7.1", "2.8.0")),
+    *(Artifact("torch", v, f"torch-{v}-{_TORCH_TAGS[0]}") for v in ("2.13.0", "2.15.0")),
 )
 
 
 def _runtime_section(project: str, prefer: tuple[str, ...]) -> Section:
     """The watched section of one runtime project: its columns are its releases in
-    :data:`RUNTIME_RELEASES`, its rows the patches whose static rule reads its package."""
+    :data:`RUNTIME_RELEASES`, its rows the patches with a static rule reading its package, each
+    decided by that rule."""
     package = RUNTIME_PACKAGES[project]
+
+    def reading(rule: Any) -> bool:
+        return any(f.split("/")[0] == package for f in rule.reads)
+
+    def rule_of(patch: Any) -> Any:
+        return next(rule for rule in patch.static.rules() if reading(rule))
 
     def tree(artifact: Artifact, cache: Path) -> Any:
         from verl_npu_autopatch.patches._fingerprints import UpstreamTree
@@ -58,8 +78,8 @@ def _runtime_section(project: str, prefer: tuple[str, ...]) -> Section:
         return UpstreamTree((extract(artifact, runtime_files(project), cache),), {project: artifact.version})
 
     def rows_of(trees: dict[str, Any]) -> Rows:
-        reading = [p for p in static_patches() if any(f.split("/")[0] == package for f in p.static.reads)]
-        return static_rows(reading, trees)
+        patches = [p for p in static_patches() if any(reading(rule) for rule in p.static.rules())]
+        return static_rows(patches, trees, rule_of)
 
     return Section(
         title=project,
@@ -81,11 +101,13 @@ RUNTIME_SECTIONS: list[Section] = [
     ),
     _runtime_section("megatron-core", (f"{_MEGATRON_TAG}.whl", "py3-none-any.whl")),
     _runtime_section("verl", ("py3-none-any.whl",)),
+    _runtime_section("torch", _TORCH_TAGS),
 ]
 
 
 def compute_runtime(cache: Path = CACHE) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
-    """``[(project, patch name, [(version, state, reason)])]`` for the verl runtime-fix patches."""
+    """``[(project, patch name, [(version, state, reason)])]`` for the verl runtime-fix patches
+    (and the torch side of those whose check reads torch's code)."""
     rows = []
     for section in RUNTIME_SECTIONS:
         for name, _groups, cells in section.compute(cache):
@@ -94,14 +116,23 @@ def compute_runtime(cache: Path = CACHE) -> list[tuple[str, str, list[tuple[str,
 
 
 def render_runtime(rows: list[tuple[str, str, list[tuple[str, str, str]]]]) -> str:
-    """The section of the document for the tensordict / torch_npu / megatron-core / verl patches."""
+    """The section of the document for the tensordict / torch_npu / megatron-core / verl patches,
+    then torch's side of those whose check reads torch's code."""
     lines = [
         "",
-        "## tensordict, torch_npu, megatron-core and verl",
+        "## tensordict, torch_npu, megatron-core, verl and torch",
         "",
         "The same for the patches of verl's other NPU runtime fixes (and of fixes to verl's own code),",
         "each against the releases of the one project it patches (wheels from PyPI, sha256-checked,",
         "read with `ast`, never installed).",
+        "",
+        "Two of them also read torch's own code, so a second row of each (the last ones) decides",
+        "that side on torch's releases with the same rule the live check runs:",
+        "`megatron.async_save_format` applies only where both megatron-core's writer omits",
+        "`serialization_format` and torch's `_write_item` requires it; `torch_npu.nested_tensor_intercept`,",
+        "where torch_npu intercepts nothing, is fixed upstream only while `torch.nested`'s functions are",
+        "torch's own plain ones. torch has no sdist and its Linux wheels are CUDA builds, so its files",
+        "are read from the macOS arm64 wheels (the pure-Python files are the same on every platform).",
         "",
     ]
     for project, name, cells in rows:

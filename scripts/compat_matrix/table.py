@@ -23,11 +23,12 @@ TEST_FILES = (
 
 
 def read_files(top: str) -> tuple[str, ...]:
-    """Every upstream file under package ``top`` a built-in patch's static rule declares it reads
-    (``StaticRule.reads``), plus the :data:`TEST_FILES` there, in catalog order."""
+    """Every upstream file under package ``top`` a built-in patch's static rules declare they read
+    (``StaticRule.reads``, its ``also`` rules' included), plus the :data:`TEST_FILES` there, in
+    catalog order."""
     from verl_npu_autopatch import catalog
 
-    declared = [f for p in catalog.builtin() if p.static for f in p.static.reads]
+    declared = [f for p in catalog.builtin() if p.static for rule in p.static.rules() for f in rule.reads]
     return tuple(dict.fromkeys(f for f in (*declared, *TEST_FILES) if f.split("/")[0] == top))
 
 
@@ -59,24 +60,28 @@ def gate(patch: Any, versions: dict[str, str]) -> str | None:
     return None if any(not r for r in reasons) else "; ".join(r for r in reasons if r)
 
 
-def decide(patch: Any, tree: Any) -> Cell:
-    """``(state, reason)`` of one patch on one release: gates first, then its static rule; the
-    rule's ``note`` adds what a user needs to know about the release whatever the state."""
+def decide(patch: Any, tree: Any, rule: Any = None) -> Cell:
+    """``(state, reason)`` of one patch on one release: gates first, then its static rule (``rule``,
+    by default ``patch.static``); the rule's ``note`` adds what a user needs to know about the
+    release whatever the state."""
+    rule = rule or patch.static
     reason = gate(patch, tree.versions)
     if reason:
         state = "gated"
     else:
-        verdict = patch.static.decide(tree)
+        verdict = rule.decide(tree)
         state, reason = ("applies" if verdict.action == "apply" else verdict.action), verdict.reason
-    extra = patch.static.note(tree) if patch.static.note else None
+    extra = rule.note(tree) if rule.note else None
     return state, "; ".join(r for r in (reason, extra) if r)
 
 
-def static_rows(patches: list[Any], trees: dict[str, Any]) -> Rows:
-    """Rows of ``patches`` (each with a static rule) over ``trees`` (label → tree)."""
+def static_rows(patches: list[Any], trees: dict[str, Any], rule_of: Callable[[Any], Any] | None = None) -> Rows:
+    """Rows of ``patches`` (each with a static rule) over ``trees`` (label → tree); ``rule_of(patch)``
+    picks which of its rules decides (default: ``patch.static``)."""
     rows = []
     for patch in patches:
-        cells = {label: decide(patch, tree) for label, tree in trees.items()}
+        rule = rule_of(patch) if rule_of else patch.static
+        cells = {label: decide(patch, tree, rule) for label, tree in trees.items()}
         rows.append((patch.name, ", ".join(patch.groups), cells))
     return rows
 

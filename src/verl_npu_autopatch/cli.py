@@ -74,7 +74,7 @@ def touches(patch: Patch) -> list[str]:
     lines += [f"also changes {sites} (found in the live module)" for sites in patch.computed]
     lines += [f"also changes {p}.*:<copies of the target> (found in the live modules)" for p in patch.copies]
     if patch.static is not None:
-        lines.append("decision table reads " + ", ".join(patch.static.reads))
+        lines.append("decision table reads " + ", ".join(f for rule in patch.static.rules() for f in rule.reads))
     return lines
 
 

@@ -168,6 +168,16 @@ def parameter_names(obj: Any) -> tuple[str, ...] | None:
     return None if signature is None else tuple(signature.parameters)
 
 
+def parameter_defaults(obj: Any) -> dict[str, bool] | None:
+    """Each parameter of a callable → whether a caller may leave it out (it has a default, or is
+    ``*args``/``**kw``), or ``None`` when it has no inspectable signature."""
+    signature = signature_of(obj)
+    if signature is None:
+        return None
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return {n: p.default is not p.empty or p.kind in variadic for n, p in signature.parameters.items()}
+
+
 _STARS: dict[Any, str] = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
 
 

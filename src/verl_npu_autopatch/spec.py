@@ -86,12 +86,19 @@ class StaticRule:
     ``decide(tree)`` takes an ``UpstreamTree`` (``patches/_fingerprints.py``) and returns the
     ``Verdict`` the live ``check`` would; ``reads`` names the upstream files it reads, as laid out in
     the installed packages (``"vllm/v1/engine/core.py"``); ``note(tree)`` optionally adds what a
-    user needs to know about a release whatever the state (or returns ``None``).
+    user needs to know about a release whatever the state (or returns ``None``). ``also`` holds
+    the rules over another project's files the live check consults as well (torch's own code, for a
+    patch of megatron-core or torch_npu): the table decides each on that project's releases.
     """
 
     decide: Callable[[Any], Verdict]
     reads: tuple[str, ...]
     note: Callable[[Any], str | None] | None = None
+    also: tuple[StaticRule, ...] = ()
+
+    def rules(self) -> tuple[StaticRule, ...]:
+        """This rule, then every rule of ``also``."""
+        return (self, *self.also)
 
     def __post_init__(self) -> None:
         if not self.reads or any(not f.endswith(".py") or f.startswith("/") for f in self.reads):

@@ -138,7 +138,7 @@ def _fake_release(script, cache, base, source, version: str, edit=lambda name, d
     for suffix in ("", ".sha256"):
         if not (files / (base.filename + suffix)).exists():
             os.link(script.CACHE / "files" / (base.filename + suffix), files / (base.filename + suffix))
-    package = {"vllm": "vllm", "megatron-core": "megatron"}[base.project]
+    package = {"vllm": "vllm", "megatron-core": "megatron", "torch": "torch"}[base.project]
     names = script.read_files(package)
     root = script.extract(source, names)
     stem = f"{base.project.replace('-', '_')}-{version}"
@@ -206,6 +206,33 @@ def test_latest_watches_the_runtime_projects_as_sections(tables, tmp_path, monke
     assert "megatron-core 0.19.2 -> 9.9.9: `megatron.mtp_postprocess`: fixed-upstream -> applies" in out
 
 
+def _default_the_format(name: str, data: bytes) -> bytes:
+    """torch's ``_write_item`` giving ``serialization_format`` a default: nothing left to fix."""
+    if name.endswith("checkpoint/filesystem.py"):
+        required = b"    serialization_format: SerializationFormat,\n) -> WriteResult:"
+        assert required in data
+        return data.replace(required, required.replace(b",\n", b" = SerializationFormat.TORCH_SAVE,\n"))
+    return data
+
+
+def test_latest_watches_torch_for_the_patches_that_read_its_code(tables, tmp_path, monkeypatch, capsys):
+    """A "newer" torch whose ``_write_item`` defaults the argument changes torch's cell of
+    ``megatron.async_save_format``; the same code (9.9.8) changes nothing."""
+    script = upstream.matrix_script()
+    (torch,) = [s for s in script.WATCHED if s.project == "torch"]
+    newest = torch.columns[-1]
+    _fake_release(script, tmp_path, newest, newest, "9.9.8")
+    _fake_release(script, tmp_path, newest, newest, "9.9.9", _default_the_format)
+    _fake_index(script, monkeypatch, ["9.9.8", "9.9.9"], "-py3-none-any.whl")
+    assert script.latest([torch], tmp_path) == 1
+    out = capsys.readouterr().out
+    assert f"torch: table's newest {newest.version}; newer on the index: 9.9.8, 9.9.9: 1 change(s)" in out
+    assert (
+        f"torch {newest.version} -> 9.9.9: `megatron.async_save_format`: applies -> fixed-upstream"
+        " (torch's _write_item gives serialization_format a default)"
+    ) in out
+
+
 def test_every_section_is_watched():
     script = upstream.matrix_script()
     projects = [s.project for s in script.WATCHED]
@@ -218,9 +245,13 @@ def test_every_section_is_watched():
         "torch-npu",
         "megatron-core",
         "verl",  # fixes to verl's own code
+        "torch",  # the torch side of the patches whose check reads torch's code
         "verl",  # verl's NPU runtime patch sites
     ]
     assert all(s.columns for s in script.WATCHED)
+    # every rule over another project's code (``StaticRule.also``) is decided in that project's section
+    also = {f.split("/")[0] for p in script.static_patches() for rule in p.static.also for f in rule.reads}
+    assert also == {"torch"} and also <= set(script.runtime_sections.RUNTIME_PACKAGES.values())
 
 
 def test_newer_versions_are_every_release_after_the_column(monkeypatch):
@@ -250,7 +281,8 @@ def test_latest_is_quiet_when_no_release_is_newer_than_the_table(monkeypatch, ca
 
 def test_runtime_fix_rows_decide_from_the_real_release_sources():
     script = upstream.matrix_script()
-    cells = {name: {version: state for version, state, _ in row} for _, name, row in script.compute_runtime()}
+    rows = script.compute_runtime()
+    cells = {name: {version: state for version, state, _ in row} for project, name, row in rows if project != "torch"}
     sync = cells["tensordict.npu_sync"]
     assert [sync[v] for v in ("0.8.0", "0.8.3", "0.9.1")] == ["applies"] * 3
     assert sync["0.10.0"] == sync["0.15.3"] == "fixed-upstream"  # 0.15 moved _sync_all into a mixin
@@ -266,3 +298,12 @@ def test_runtime_fix_rows_decide_from_the_real_release_sources():
         "fixed-upstream",
         "fixed-upstream",
     ]
+    torch = {name: {version: state for version, state, _ in row} for project, name, row in rows if project == "torch"}
+    assert torch["megatron.async_save_format"] == {
+        "2.7.1": "fixed-upstream",  # no serialization_format yet
+        "2.8.0": "applies",
+        "2.13.0": "applies",
+        "2.15.0": "applies",
+    }
+    assert set(torch["torch_npu.nested_tensor_intercept"].values()) == {"fixed-upstream"}  # torch's own functions
+    assert set(torch) == {"megatron.async_save_format", "torch_npu.nested_tensor_intercept"}

@@ -36,8 +36,9 @@ from verl_npu_autopatch.patches import (
     vllm_rotary_flash_attn_guard,
 )
 from verl_npu_autopatch.patches._capture_trim import trim_rule
-from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource
+from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, definition_defaults
 from verl_npu_autopatch.patches.ascend_glm52 import rules as glm52_rules
+from verl_npu_autopatch.patching import parameter_defaults
 from verl_npu_autopatch.spec import Verdict
 
 SLEEP = ("self", "offload_tags")
@@ -234,15 +235,21 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         "unsupported",
     ),
     "async save: torch requires the format": (
-        lambda: megatron_async_save_format.torch_rule(_write_item_28),
+        lambda: megatron_async_save_format.torch_rule(parameter_defaults(_write_item_28)),
         "apply",
     ),
-    "async save: torch < 2.8": (lambda: megatron_async_save_format.torch_rule(_write_item_27), "fixed-upstream"),
-    "async save: torch defaults it": (
-        lambda: megatron_async_save_format.torch_rule(_write_item_defaulted),
+    "async save: torch < 2.8": (
+        lambda: megatron_async_save_format.torch_rule(parameter_defaults(_write_item_27)),
         "fixed-upstream",
     ),
-    "async save: no signature": (lambda: megatron_async_save_format.torch_rule(object()), "unsupported"),
+    "async save: torch defaults it": (
+        lambda: megatron_async_save_format.torch_rule(parameter_defaults(_write_item_defaulted)),
+        "fixed-upstream",
+    ),
+    "async save: no signature": (
+        lambda: megatron_async_save_format.torch_rule(parameter_defaults(object())),
+        "unsupported",
+    ),
     # verl.distillation_log_prob_floor
     "distillation: 0.9.1 unfloored": (
         lambda: verl_distillation_log_prob_floor.estimator_rule(Code(f"{ESTIMATOR}{UNFLOORED}", ESTIMATOR_PARAMS)),
@@ -603,6 +610,43 @@ def test_the_rule_decides(case: str) -> None:
     rule, expected = CASES[case]
     decided = rule()
     assert (decided if isinstance(decided, (str, int, type(None))) else decided.action) == expected, decided
+
+
+def _mixed(a: int, /, b: int, c: int = 1, *args: int, d: int, e: int = 2, **kw: int) -> None:
+    """Every kind of parameter, with and without defaults."""
+
+
+@pytest.mark.parametrize("function", [_write_item_27, _write_item_28, _write_item_defaulted, _mixed], ids=str)
+def test_a_def_read_from_source_has_the_live_functions_defaults(function: Callable[..., None]) -> None:
+    """The torch side of ``megatron.async_save_format`` reads the same from torch's file (the table)
+    as from its function (the live check)."""
+    import inspect
+
+    (node,) = ast.parse(textwrap.dedent(inspect.getsource(function))).body
+    assert isinstance(node, ast.FunctionDef)
+    assert definition_defaults(node) == parameter_defaults(function)
+
+
+def test_which_parameters_a_caller_may_leave_out() -> None:
+    found = parameter_defaults(_mixed)
+    assert found == {"a": False, "b": False, "c": True, "args": True, "d": False, "e": True, "kw": True}
+
+
+def test_torch_nested_functions_read_from_source_are_plain_only_undecorated() -> None:
+    rule = torch_npu_nested_tensor_intercept.PATCHES[0].static
+    assert rule is not None
+    (torch_side,) = rule.also
+    plain = "def nested_tensor(x):\n    pass\ndef as_nested_tensor(x):\n    pass\n"
+    decorated = (
+        "import functools\n@functools.lru_cache\ndef nested_tensor(x):\n    pass\ndef as_nested_tensor(x):\n    pass\n"
+    )
+    verdicts = {}
+    for name, text in (("plain", plain), ("decorated", decorated), ("missing", "x = 1\n")):
+        tree = types.SimpleNamespace(
+            module=lambda module, text=text: ModuleSource(text) if module == "torch.nested" else None
+        )
+        verdicts[name] = torch_side.decide(tree).action
+    assert verdicts == {"plain": "fixed-upstream", "decorated": "unsupported", "missing": "unsupported"}
 
 
 def _apply_liger_kernel_to_toy(rope: bool = True, swiglu: bool = True, rms_norm: bool = False) -> None:

@@ -59,6 +59,17 @@ def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
     return tuple(names)
 
 
+def definition_defaults(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, bool]:
+    """Each parameter of a definition → whether it has a default (``*args``/``**kw``: ``True``, as
+    a caller may leave them out); what :func:`patching.parameter_defaults` reads from a live one."""
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    found = {a.arg: i >= len(positional) - len(args.defaults) for i, a in enumerate(positional)}
+    found.update({a.arg: d is not None for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)})
+    found.update({a.arg: True for a in (args.vararg, args.kwarg) if a is not None})
+    return found
+
+
 def _overload(node: ast.AST) -> bool:
     """Whether ``node`` is a ``@typing.overload`` stub (the implementation follows it)."""
     decorators = getattr(node, "decorator_list", [])

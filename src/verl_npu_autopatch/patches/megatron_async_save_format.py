@@ -13,8 +13,10 @@ torch's function takes it. verl carries the same fix as ``apply_patch_megatron_v
 torch 2.10 and later, or a dev version string, keep the bug there.
 
 Decided from the code, both sides: the writer's own method (a call naming
-``serialization_format`` is fixed upstream; the 0.12.1 call without it applies) and the live
-torch function (one that takes no ``serialization_format``, or gives it a default, needs nothing).
+``serialization_format`` is fixed upstream; the 0.12.1 call without it applies) and torch's
+function (one that takes no ``serialization_format``, or gives it a default, needs nothing): one
+rule over its parameters, fed the live function's signature by ``check`` and a torch release's
+``def`` by the decision table's torch section.
 The fix replaces the module's copy of ``_write_item`` (the one name the writer calls) by a
 wrapper that adds ``serialization_format=SerializationFormat.TORCH_SAVE`` (torch's own default
 for its synchronous writer, and what 0.13.1 passes) when the caller gave none; every argument a
@@ -32,10 +34,12 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.patches._family import wrapping_fix
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
+from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, definition_defaults
+from verl_npu_autopatch.patching import parameter_defaults
 from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Verdict, fixed_upstream, unsupported
 
 MODULE = "megatron.core.dist_checkpointing.strategies.filesystem_async"
+TORCH_MODULE = "torch.distributed.checkpoint.filesystem"
 WRITER = "FileSystemWriterAsync.write_preloaded_data"
 ARGUMENT = "serialization_format"
 #: How megatron-core 0.12.1 calls ``_write_item`` (the tensor call; the bytes call reads the same).
@@ -51,15 +55,14 @@ def writer_rule(code: Code) -> Verdict:
     return APPLY
 
 
-def torch_rule(write_item: Any) -> Verdict:
-    """Decide on torch's ``_write_item`` (live): does it require the argument?"""
-    try:
-        parameters = inspect.signature(write_item).parameters
-    except (TypeError, ValueError):  # no signature to read: the verdict says so
-        return unsupported("torch's _write_item with a readable signature", repr(write_item))
+def torch_rule(parameters: dict[str, bool] | None) -> Verdict:
+    """Decide on torch's ``_write_item`` from its parameters (name → may a caller leave it out):
+    does it require the argument?"""
+    if parameters is None:
+        return unsupported("torch's _write_item with a readable signature", "none")
     if ARGUMENT not in parameters:
-        return fixed_upstream("torch's _write_item takes no serialization_format (torch < 2.8)")
-    if parameters[ARGUMENT].default is not inspect.Parameter.empty:
+        return fixed_upstream("torch's _write_item takes no serialization_format")
+    if parameters[ARGUMENT]:
         return fixed_upstream("torch's _write_item gives serialization_format a default")
     return APPLY
 
@@ -71,19 +74,40 @@ def check(site: Site) -> Verdict:
     if writer is None:
         return unsupported(f"{MODULE}:{WRITER}", "no such method")
     verdict = writer_rule(Code.live(writer))
-    return verdict if verdict is not APPLY else torch_rule(site.value)
+    return verdict if verdict is not APPLY else torch_rule(parameter_defaults(site.value))
 
 
 def static(tree: UpstreamTree) -> Verdict:
-    """A release's writer, read (torch is the environment's: see :func:`note`)."""
+    """A megatron-core release's writer, read (torch's side: :func:`torch_static`)."""
     return tree.judge(MODULE, WRITER, writer_rule)
 
 
 def note(tree: UpstreamTree) -> str | None:
-    """Where the table says *applies*: only with torch >= 2.8 (decided live from its signature)."""
+    """Where the megatron-core cell says *applies*: only with a torch whose function requires it."""
     if static(tree).action != "apply":
         return None
-    return "applies with torch >= 2.8 only (its _write_item requires serialization_format; decided live)"
+    return (
+        "applies only with a torch whose _write_item requires serialization_format (torch >= 2.8: see torch's section)"
+    )
+
+
+def torch_static(tree: UpstreamTree) -> Verdict:
+    """A torch release's ``_write_item``, read: the same rule over its ``def``."""
+    source = tree.module(TORCH_MODULE)
+    node = None if source is None else source.function_node("_write_item")
+    if node is None:
+        found = "no such module" if source is None else f"{TORCH_MODULE} without it"
+        return unsupported(f"{TORCH_MODULE}:_write_item", found)
+    return torch_rule(definition_defaults(node))
+
+
+def torch_note(tree: UpstreamTree) -> str | None:
+    """Where the torch cell says *applies*: only with megatron-core's writer that omits it."""
+    if torch_static(tree).action != "apply":
+        return None
+    return (
+        "applies only with a megatron-core writer calling _write_item without it (0.12.1: see megatron-core's section)"
+    )
 
 
 def with_format(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -108,7 +132,10 @@ PATCHES = [
         check=check,
         fix=wrapping_fix(with_format),
         static=StaticRule(
-            static, reads=("megatron/core/dist_checkpointing/strategies/filesystem_async.py",), note=note
+            static,
+            reads=("megatron/core/dist_checkpointing/strategies/filesystem_async.py",),
+            note=note,
+            also=(StaticRule(torch_static, reads=("torch/distributed/checkpoint/filesystem.py",), note=torch_note),),
         ),
         reference="https://github.com/verl-project/verl/issues/5471",
         groups=("megatron",),

@@ -9,7 +9,10 @@ for packed sequences; verl PR #4309). verl restores ``__wrapped__`` of whatever 
 this patch removes only torch_npu's own wrapper, recognised by where its code lives (module
 ``torch_npu.utils.npu_intercept``, function ``wrapper``); a wrapper anyone else installed is left
 in place (the record says ``yielded`` and names it). Releases whose ``unsupport_api`` lists no
-``torch.nested`` function (of those read: 2.7.1.post11 on) leave both untouched: ``fixed-upstream``.
+``torch.nested`` function (of those read: 2.7.1.post11 on) leave both untouched: ``fixed-upstream``,
+as long as both are torch's own plain functions (defined in ``torch.nested``, wrapping nothing);
+that side reads torch's code, so the decision table decides it per torch release too, from
+``torch/nested/__init__.py`` (a definition without decorators), through the same rule.
 
 The target is reached through ``torch_npu``'s own ``torch`` so the post-import hook fires when
 ``torch_npu`` has finished loading, i.e. after it installed the intercept (also when torch's
@@ -30,6 +33,7 @@ from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Undo
 NAME = "torch_npu.nested_tensor_intercept"
 INTERCEPT = "torch_npu.utils.npu_intercept"
 INTERCEPT_FILE = "torch_npu/utils/npu_intercept.py"
+NESTED_FILE = "torch/nested/__init__.py"
 UNSUPPORT = "torch_npu.utils.unsupport_api"
 FUNCTIONS = ("nested_tensor", "as_nested_tensor")
 NESTED = "torch.nested"
@@ -150,6 +154,24 @@ def _static(tree: UpstreamTree) -> Verdict:
     return APPLY
 
 
+def _torch_kind(source: ModuleSource | None, name: str) -> str:
+    """What :func:`kind` finds for torch's own ``name`` where torch_npu installs nothing: ``plain``
+    when ``torch/nested/__init__.py`` defines it without decorators (one may wrap it or move its code)."""
+    node = None if source is None else source.function_node(name)
+    return "plain" if node is not None and not node.decorator_list else "foreign"
+
+
+def _torch_static(tree: UpstreamTree) -> Verdict:
+    """A torch release's ``torch.nested``, read: the decision where torch_npu intercepts nothing."""
+    source = tree.module(NESTED)
+    return nested_rule({name: _torch_kind(source, name) for name in FUNCTIONS})
+
+
+def _torch_note(tree: UpstreamTree) -> str:
+    """What torch's cell decides: the patch where torch_npu installs no intercept."""
+    return "the decision where torch_npu intercepts nothing (torch_npu 2.7.1.post11 on: see torch-npu's section)"
+
+
 PATCHES = [
     Patch(
         name=NAME,
@@ -161,6 +183,10 @@ PATCHES = [
         check=_check,
         fix=_fix,
         yields_to=(_other_owner,),
-        static=StaticRule(_static, reads=(INTERCEPT_FILE, "torch_npu/utils/unsupport_api.py")),
+        static=StaticRule(
+            _static,
+            reads=(INTERCEPT_FILE, "torch_npu/utils/unsupport_api.py"),
+            also=(StaticRule(_torch_static, reads=(NESTED_FILE,), note=_torch_note),),
+        ),
     ),
 ]
