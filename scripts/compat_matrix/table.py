@@ -47,8 +47,8 @@ def static_patches(prefixes: tuple[str, ...] = ("",)) -> list[Any]:
 
 def gate(patch: Any, versions: dict[str, str]) -> str | None:
     """Why ``patch`` is gated for a release with these distribution versions, or ``None``: the
-    engine's own gate rule (``_gates.first_failure``), fed the release's versions."""
-    from verl_npu_autopatch._gates import first_failure
+    engine's own gate rule (``_pipeline.first_failure``), fed the release's versions."""
+    from verl_npu_autopatch._pipeline import first_failure
 
     def version_of(name: str) -> str | None:
         return versions.get(name.lower().replace("_", "-"))

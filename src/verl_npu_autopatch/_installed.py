@@ -3,8 +3,8 @@ in the patch's slot, what was installed remembered there, re-checked against the
 (``ownership.recheck``), applied again after ``importlib.reload``, handed over between patches
 (it is the :class:`~verl_npu_autopatch.handover.HandOver` the fixes' sites carry) and reverted.
 
-:class:`Installations` is an object the engine holds; what it needs from the engine is the narrow
-:class:`Host` interface, and nothing else."""
+:class:`Installations` acts on the engine's slots (``_slots.Slots``), given at its creation, and
+knows nothing else of the engine."""
 
 from __future__ import annotations
 
@@ -16,31 +16,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inactive path never needs it
     from collections.abc import Callable, Iterable
     from types import ModuleType
-    from typing import Any, Protocol
+    from typing import Any
 
     from verl_npu_autopatch import ownership
     from verl_npu_autopatch._config import Config
     from verl_npu_autopatch._pipeline import Outcome
-    from verl_npu_autopatch._slots import Slot
-    from verl_npu_autopatch.records import Record, RecordState
+    from verl_npu_autopatch._slots import Slot, Slots
+    from verl_npu_autopatch.records import Record
     from verl_npu_autopatch.spec import Patch, Site, Undo
-
-    class Host(Protocol):
-        """What :class:`Installations` needs from the engine holding it: the lock over the slots and
-        their records, the slots, the configuration (set by activation), recording a decision."""
-
-        @property
-        def lock(self) -> Any: ...  # an ``_thread.RLock``, replaced in a forked child
-
-        @property
-        def slots(self) -> dict[str, Slot]: ...
-
-        @property
-        def config(self) -> Config | None: ...
-
-        def set_state(
-            self, record: Record, state: RecordState, reason: str, exc: BaseException | None = None
-        ) -> None: ...
 
 
 __all__ = ["Installations"]
@@ -50,8 +33,8 @@ class Installations:
     """The ownership and hand-over half of an engine: what its fixes installed, and who owns
     each of those targets now."""
 
-    def __init__(self, host: Host, strict_error: type[Exception]) -> None:
-        self._host = host
+    def __init__(self, slots: Slots, strict_error: type[Exception]) -> None:
+        self._slots = slots
         self._strict_error = strict_error  # the engine's PatchError
         self._watcher: ownership.ReloadWatcher | None = None
         self._absent: set[str] = set()  # modules ``settle`` was told do not exist
@@ -62,29 +45,33 @@ class Installations:
         name, should it have replaced itself there while executing); returns the strict-mode errors."""
         live = sys.modules.get(module.__name__)  # (``ownership.live_module``, not imported on the inactive path)
         module = module if live is None else live
-        with self._host.lock:
+        with self._slots.lock:
             patches = [
                 slot.patch
-                for slot in self._host.slots.values()
+                for slot in self._slots.values()
                 if slot.patch is not None and any(t.module == module.__name__ for t in slot.variants)
             ]
         return [error for error in (self.apply(patch, module) for patch in patches) if error is not None]
 
     def pending_modules(self) -> list[str]:
         """Modules still awaited by pending patches, in catalog order."""
-        with self._host.lock:
-            slots = self._host.slots.values()
-            modules = [t.module for slot in slots if slot.record.state == "pending" for t in slot.variants]
+        with self._slots.lock:
+            modules = [
+                t.module for slot in self._slots.values() if slot.record.state == "pending" for t in slot.variants
+            ]
         return list(dict.fromkeys(modules))
 
     def settle(self, absent: Iterable[str], catch_up: Callable[[], None]) -> None:
         """Conclude every pending patch from what is imported and ``absent`` (modules that do not
         exist here), once ``catch_up`` has handled the modules whose hook was deferred: a patch
         none of whose variants can be found any more becomes ``unsupported``."""
-        with self._host.lock:
+        with self._slots.lock:
             self._absent.update(absent)
-            slots = self._host.slots.values()
-            pending = [s.patch for s in slots if s.patch is not None and s.record.state == "pending" and s.variants]
+            pending = [
+                s.patch
+                for s in self._slots.values()
+                if s.patch is not None and s.record.state == "pending" and s.variants
+            ]
         catch_up()
         for patch in pending:
             self.apply(patch, None)
@@ -95,11 +82,10 @@ class Installations:
         strict-mode error."""
         from verl_npu_autopatch import _pipeline
 
-        host = self._host
-        config = host.config
+        config = self._slots.config
         assert config is not None, "hooks are registered only by activate()"
-        with host.lock:
-            slot = host.slots[patch.name]
+        with self._slots.lock:
+            slot = self._slots[patch.name]
             if slot.record.state != "pending" or slot.claimed:
                 return None
             slot.claimed = True
@@ -110,7 +96,7 @@ class Installations:
             )
             return self._record_outcome(slot, outcome, module, config)
         finally:
-            with host.lock:
+            with self._slots.lock:
                 slot.claimed = False
 
     def _record_outcome(
@@ -120,7 +106,7 @@ class Installations:
         record, state, reason, error = slot.record, outcome.state, outcome.reason, outcome.error
         if outcome.target is not None:
             record.target = str(outcome.target)
-        with self._host.lock:
+        with self._slots.lock:
             slot.rejected = outcome.rejected
             if state == "yielded":
                 slot.yielded = outcome.target
@@ -133,7 +119,7 @@ class Installations:
                 self.remember(slot, outcome.site, reason, outcome.undo)
             except Exception as exc:  # as if the fix raised: its undo is kept for revert()
                 state, reason, error = "failed", f"fix raised {type(exc).__name__}: {exc}", exc
-        self._host.set_state(record, state, reason, error)
+        self._slots.set_state(record, state, reason, error)
         if not config.strict:
             return None
         if state == "failed":
@@ -150,7 +136,7 @@ class Installations:
         from verl_npu_autopatch import ownership
 
         installed = ownership.installation(site, reason, undo)
-        with self._host.lock:
+        with self._slots.lock:
             slot.installed = installed
             if self._watcher is None:
                 self._watcher = ownership.ReloadWatcher(self._watches, self._on_reload)
@@ -162,9 +148,8 @@ class Installations:
         record to ``applied``, ``yielded`` or ``superseded`` accordingly. Never raises."""
         from verl_npu_autopatch import ownership
 
-        host = self._host
-        with host.lock:
-            installed = [(slot, slot.installed) for slot in host.slots.values() if slot.installed is not None]
+        with self._slots.lock:
+            installed = [(slot, slot.installed) for slot in self._slots.values() if slot.installed is not None]
         for slot, where in installed:
             record = slot.record
             try:
@@ -172,12 +157,12 @@ class Installations:
             except Exception as exc:  # a detector bug must not break report()
                 _logging.logger().debug("re-checking %s raised %r", record.name, exc, exc_info=True)
                 continue
-            with host.lock:
+            with self._slots.lock:
                 if slot.installed is not where or record.state not in ownership.RECHECKED_STATES:
                     continue  # reverted, yielded or re-applied meanwhile
                 changed = (record.state, record.reason) != (state, reason)
             if changed:
-                host.set_state(record, state, reason)
+                self._slots.set_state(record, state, reason)
         self._recheck_yields()
 
     def _recheck_yields(self) -> None:
@@ -186,9 +171,8 @@ class Installations:
         patched first). Never raises."""
         from verl_npu_autopatch import ownership
 
-        host = self._host
-        with host.lock:
-            yields = [(slot, slot.yielded) for slot in host.slots.values() if slot.yielded is not None]
+        with self._slots.lock:
+            yields = [(slot, slot.yielded) for slot in self._slots.values() if slot.yielded is not None]
         for slot, target in yields:
             record = slot.record
             try:
@@ -196,19 +180,18 @@ class Installations:
             except Exception as exc:  # a detector bug must not break report()
                 _logging.logger().debug("re-checking %s raised %r", record.name, exc, exc_info=True)
                 continue
-            with host.lock:
+            with self._slots.lock:
                 if record.state != "yielded":
                     slot.yielded = None
                     continue
                 changed = reason is not None and reason != record.reason
             if changed and reason is not None:
-                host.set_state(record, "yielded", reason)
+                self._slots.set_state(record, "yielded", reason)
 
     def _watches(self, module: str) -> bool:
         """Whether a reload of ``module`` concerns an applied or displaced patch."""
-        with self._host.lock:
-            slots = self._host.slots.values()
-            return any(s.installed is not None and s.installed.target.module == module for s in slots)
+        with self._slots.lock:
+            return any(s.installed is not None and s.installed.target.module == module for s in self._slots.values())
 
     def _on_reload(self, module: ModuleType, how: str) -> None:
         """``module`` was executed again (``importlib.reload``, or imported afresh after leaving
@@ -217,38 +200,37 @@ class Installations:
         object is kept for ``revert`` (it acts only while its value is still in place)."""
         from verl_npu_autopatch import ownership
 
-        host = self._host
-        with host.lock:
-            slots = [
+        with self._slots.lock:
+            reloaded = [
                 slot
-                for slot in host.slots.values()
+                for slot in self._slots.values()
                 if slot.installed is not None
                 and slot.installed.target.module == module.__name__
                 and slot.record.state in ownership.RECHECKED_STATES
             ]
-            for slot in slots:
+            for slot in reloaded:
                 slot.release(keep=True)  # its undo acts on the objects the re-execution replaced
                 slot.record.state = "pending"
-        for slot in slots:
+        for slot in reloaded:
             try:
                 self.apply(_patch_of(slot), module)
             except Exception:  # apply records failures itself; this is a last guard for reload
                 _logging.logger().debug("re-applying %s after reload raised", slot.record.name, exc_info=True)
             record = slot.record
-            with host.lock:
+            with self._slots.lock:
                 where = slot.installed if record.state == "applied" else None
                 if where is not None:
                     where.reason = f"{where.reason}; again after {how}"
             if where is not None:
-                host.set_state(record, "applied", where.reason)
+                self._slots.set_state(record, "applied", where.reason)
 
     # ----------------------------------------------------------------- hand-over
     def record(self, name: str) -> Record | None:
         """A copy of patch ``name``'s record as it stands, or ``None`` for an unknown name."""
         from verl_npu_autopatch.records import Record
 
-        with self._host.lock:
-            slot = self._host.slots.get(name)
+        with self._slots.lock:
+            slot = self._slots.get(name)
             if slot is None:
                 return None
             return Record(**{**slot.record.__dict__, "versions": dict(slot.record.versions)})
@@ -256,15 +238,15 @@ class Installations:
     def note(self, name: str, text: str) -> None:
         """Add ``text`` to the reason of patch ``name`` while it is applied (e.g. why a target
         stays ours beside Liger-Kernel); kept when the record is re-checked."""
-        with self._host.lock:
-            slot = self._host.slots.get(name)
+        with self._slots.lock:
+            slot = self._slots.get(name)
             if slot is None or slot.record.state != "applied" or text in slot.record.reason:
                 return
             record = slot.record
             reason = f"{record.reason}; {text}"
             if slot.installed is not None:
                 slot.installed.reason = reason
-        self._host.set_state(record, "applied", reason)
+        self._slots.set_state(record, "applied", reason)
 
     def reapply(self, name: str, when: Callable[[Any], bool]) -> bool:
         """Decide and apply patch ``name`` afresh when ``when(live value)`` holds for what another
@@ -273,8 +255,8 @@ class Installations:
         the new one restores that other owner's value. Returns whether ``name`` is applied now."""
         from verl_npu_autopatch import ownership
 
-        with self._host.lock:
-            slot = self._host.slots.get(name)
+        with self._slots.lock:
+            slot = self._slots.get(name)
             where = None if slot is None else slot.installed
             if slot is None or where is None or where.checks != "ours":
                 return False
@@ -292,9 +274,8 @@ class Installations:
         Returns whether the patch was applied before. Used for arbitration with e.g. Liger-Kernel.
         This runs inside the user's call (Liger's apply function): an undo that raises is logged
         and recorded (``failed``, as in ``revert``), never raised."""
-        host = self._host
-        with host.lock:
-            slot = host.slots.get(name)
+        with self._slots.lock:
+            slot = self._slots.get(name)
             if slot is None or slot.record.state not in ("pending", "applied"):
                 return False
             undo = slot.release()
@@ -302,11 +283,11 @@ class Installations:
             try:
                 undo()
             except Exception as exc:  # logged at ERROR with its traceback
-                host.set_state(
+                self._slots.set_state(
                     slot.record, "failed", f"handing to {owner}: undo raised {type(exc).__name__}: {exc}", exc
                 )
                 return True
-        host.set_state(slot.record, "yielded", f"target handed to {owner}")
+        self._slots.set_state(slot.record, "yielded", f"target handed to {owner}")
         return undo is not None
 
     # ----------------------------------------------------------------- revert
@@ -315,12 +296,11 @@ class Installations:
 
         Records are re-checked first: a patch another owner displaced (``superseded`` or
         ``yielded``) is left alone, so the live owner is never clobbered; the log says why."""
-        host = self._host
         self.recheck()
         done = []
         for slot in self._matching(name):
             record = slot.record
-            with host.lock:
+            with self._slots.lock:
                 displaced = ""
                 if slot.installed is not None and record.state != "applied" and _on_live_module(slot.installed):
                     displaced = f"{record.state}: {record.reason}"
@@ -337,9 +317,9 @@ class Installations:
                     step()
             except Exception as exc:
                 _logging.logger().error("reverting %s failed", record.name, exc_info=True)
-                host.set_state(record, "failed", f"revert raised {type(exc).__name__}: {exc}")
+                self._slots.set_state(record, "failed", f"revert raised {type(exc).__name__}: {exc}")
                 continue
-            host.set_state(record, "reverted", "reverted by revert()")
+            self._slots.set_state(record, "reverted", "reverted by revert()")
             done.append(record.name)
         self._revert_yields_to(done)
         return done
@@ -347,18 +327,17 @@ class Installations:
     def _revert_yields_to(self, reverted: list[str]) -> None:
         """A patch that yielded its target to one just reverted is not in effect either (that owner
         held the target, or carried this fix inside its own): its record says so, not the old owner."""
-        host = self._host
-        with host.lock:
-            slots = [s for s in host.slots.values() if s.record.state == "yielded"]
-        for slot in slots:
+        with self._slots.lock:
+            yielded = [s for s in self._slots.values() if s.record.state == "yielded"]
+        for slot in yielded:
             owner = next((name for name in reverted if _names_owner(slot.record.reason, name)), None)
             if owner is not None:
                 slot.yielded = None
-                host.set_state(slot.record, "reverted", f"reverted with {owner}, which held its target")
+                self._slots.set_state(slot.record, "reverted", f"reverted with {owner}, which held its target")
 
     def _matching(self, name: str | None) -> list[Slot]:
-        with self._host.lock:
-            slots = list(self._host.slots.values())
+        with self._slots.lock:
+            slots = list(self._slots.values())
         if name is None:
             return slots
         return [s for s in slots if s.patch is not None and (name == s.record.name or name in s.patch.groups)]

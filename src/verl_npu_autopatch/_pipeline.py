@@ -1,7 +1,10 @@
-"""The per-patch decision pipeline, as one function of its inputs: resolve a variant (which of a
-patch's variants is live, or why none can be: :func:`resolve`), gate on the device, yield to
-another owner, recognise our own fix, check, fix. It keeps no state and needs no
-wrapt; the engine records its :class:`Outcome` (see ``_installed.Installations.apply``)."""
+"""One patch's decision, as functions of their inputs. Before any target is imported, its
+:class:`Plan` (:func:`plan`: disabled, gated or pending on which variants), from the configuration
+and installed metadata only (shared by the engine and ``status``). When a target is imported, one
+pass (:func:`run`): resolve a variant (which of a patch's variants is live, or why none can be:
+:func:`resolve`), gate on the device, yield to another owner, recognise our own fix, check, fix.
+It keeps no state and needs no wrapt; the engine records its :class:`Outcome` (see
+``_installed.Installations.apply``)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,69 @@ if TYPE_CHECKING:
     from verl_npu_autopatch.records import RecordState
     from verl_npu_autopatch.spec import Patch, Target, Undo
 
-__all__ = ["Outcome", "initializing", "known_absent", "resolve", "run"]
+__all__ = ["Outcome", "Plan", "first_failure", "initializing", "known_absent", "plan", "resolve", "run"]
+
+
+# --------------------------------------------------------------------- before the target is imported
+@dataclass
+class Plan:
+    """A patch's state before its target is imported, and the variants still in play."""
+
+    state: RecordState
+    reason: str
+    versions: dict[str, str | None]
+    variants: tuple[Target, ...]
+
+
+def first_failure(
+    requirements: tuple[str, ...],
+    versions: dict[str, str | None],
+    version_of: Callable[[str], str | None] | None = None,
+) -> str:
+    """Why the first unmet requirement fails ("" when all hold); fills ``versions`` with what
+    was seen. ``version_of`` replaces the installed metadata (see ``_environment.check_requirement``)."""
+    for requirement in requirements:
+        holds, dist, version = _environment.check_requirement(requirement, version_of)
+        versions[dist] = version
+        if not holds:
+            if version is None:
+                return f"needs {requirement}; {dist} is not installed"
+            return f"needs {requirement}; found {dist} {version}"
+    return ""
+
+
+def plan(patch: Patch, config: Config) -> Plan:
+    """Decide ``disabled`` / ``gated`` / ``pending`` for ``patch`` from configuration and
+    installed metadata only."""
+    versions: dict[str, str | None] = {}
+    keys = {patch.name, *patch.groups}
+    if keys & config.disable:
+        return Plan("disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE", versions, ())
+    if not patch.default and not keys & config.enable:
+        return Plan("disabled", "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE", versions, ())
+    failure = first_failure(patch.requires, versions)
+    if failure:
+        return Plan("gated", failure, versions, ())
+    if patch.device == "npu-stack" and config.device != "npu" and not _environment.npu_stack_installed():
+        return Plan("gated", "needs the NPU stack (torch_npu)", versions, ())
+    variants, failures = [], {}
+    for target in patch.hooks:
+        package = target.module.partition(".")[0]
+        failure = "" if _environment.findable(package) else f"package {package} is not installed"
+        failure = failure or first_failure(target.requires, versions)
+        if failure:
+            failures[str(target)] = failure
+        else:
+            variants.append(target)
+    if not variants:
+        distinct = set(failures.values())
+        reason = distinct.pop() if len(distinct) == 1 else "; ".join(f"{t}: {f}" for t, f in failures.items())
+        return Plan("gated", reason, versions, ())
+    modules = " or ".join(dict.fromkeys(t.module for t in variants))
+    return Plan("pending", f"waiting for {modules}", versions, tuple(variants))
+
+
+# --------------------------------------------------------------------- when a target is imported
 
 
 @dataclass

@@ -21,18 +21,16 @@ from verl_npu_autopatch._version import __version__
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any, Protocol
 
+    from verl_npu_autopatch._slots import Slots
     from verl_npu_autopatch.records import Record
 
     class Engine(Protocol):
         """What the report file reads of the engine (and the refresh it installs there)."""
 
-        on_change: Callable[[], None] | None
-
         @property
-        def lock(self) -> Any: ...
+        def slots(self) -> Slots: ...  # their lock, and the refresh (``on_change``) the file installs there
         @property
         def status(self) -> str: ...
         @property
@@ -59,8 +57,8 @@ def attach(engine: Engine, directory: str) -> None:
     """Give ``engine`` a report file in ``directory``, refreshed at every decision from now on, and
     write it once. Never raises."""
     try:
-        engine.on_change = ReportFile(engine, directory).changed
-        engine.on_change()
+        engine.slots.on_change = refresh = ReportFile(engine, directory).changed
+        refresh()
     except Exception as exc:  # a bug here must not break the user's import; the file is extra
         _logging.logger().warning("verl-npu-autopatch: cannot write the process report: %r", exc)
 
@@ -144,7 +142,7 @@ class ReportFile:
     def _snapshot(self) -> tuple[int, object, dict[str, Any]]:
         """``(its number, the decisions, the file's content)``, read under the engine's lock."""
         engine = self._engine
-        with engine.lock:
+        with engine.slots.lock:
             self._taken += 1
             records = list(engine.records.values())
             decisions = (engine.status, engine.reason, [(r.name, r.state, r.reason) for r in records])

@@ -1,14 +1,23 @@
-"""One slot per patch: everything the engine holds about it in this process, in one place."""
+"""The engine's slots: one per patch, everything the engine holds about it in this process
+(:class:`Slot`), and the store of them all (:class:`Slots`: their lock, the configuration they were
+planned from, recording a decision). The engine fills the store; its ``Installations`` acts on it."""
 
 from __future__ import annotations
 
+import _thread
+
+from verl_npu_autopatch import _logging
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from verl_npu_autopatch._config import Config
     from verl_npu_autopatch.ownership import Installation
-    from verl_npu_autopatch.records import Record
+    from verl_npu_autopatch.records import Record, RecordState
     from verl_npu_autopatch.spec import Patch, Target, Undo
 
-__all__ = ["Slot"]
+__all__ = ["Slot", "Slots"]
 
 
 class Slot:
@@ -46,3 +55,32 @@ class Slot:
         if keep and undo is not None:
             self.stale.append(undo)
         return undo
+
+
+class Slots(dict[str, Slot]):
+    """``{patch name: slot}`` in catalog order, read and changed under :attr:`lock` (an
+    ``_thread.RLock``, held only briefly, never across imports; it also guards the engine's
+    status). ``config`` is set by activation; ``on_change`` refreshes the report file, if any."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        super().__init__()
+        self.lock = _thread.RLock()
+        self.config = config
+        self.on_change: Callable[[], None] | None = None
+
+    def after_fork(self) -> None:
+        """In the child of ``os.fork()``: the lock may be held by a thread that is not there."""
+        self.lock = _thread.RLock()
+
+    def records(self) -> dict[str, Record]:
+        """``{patch name: its live record}``, in catalog order."""
+        with self.lock:
+            return {name: slot.record for name, slot in self.items()}
+
+    def set_state(self, record: Record, state: RecordState, reason: str, exc: BaseException | None = None) -> None:
+        """Record a decision and log it once (``exc``: its traceback goes with the line)."""
+        with self.lock:
+            record.state, record.reason = state, reason
+        _logging.logger().log(_logging.level_of(state), "%s: %s (%s)", record.name, state, reason, exc_info=exc)
+        if self.on_change is not None:
+            self.on_change()

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_npu_autopatch import _environment, _fleet_view, _gates, _summary, catalog
+from verl_npu_autopatch import _environment, _fleet_view, _summary, catalog
 from verl_npu_autopatch._config import VARIABLES, read_config
 from verl_npu_autopatch._startup import OBSERVER
 from verl_npu_autopatch._version import __version__
@@ -86,6 +86,8 @@ STATUS_TIMEOUT_S = 30.0
 def status_data(timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
     """This environment, configuration, device decision and each patch's gates, without
     importing any target (the plugins' entry points are loaded, each within ``timeout``)."""
+    from verl_npu_autopatch import _pipeline  # the gates' rule: imported only here (ownership, patching)
+
     config = read_config()
     device, inactive = _environment.device_decision(config)
     loaded = catalog.load(config.disable, timeout)
@@ -97,7 +99,7 @@ def status_data(timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
             errors.append(problem)
     plans = []
     for patch in loaded.patches:
-        plan = _gates.plan(patch, config)
+        plan = _pipeline.plan(patch, config)
         state = plan.state if not inactive or plan.state != "pending" else "inactive"
         plans.append(
             {

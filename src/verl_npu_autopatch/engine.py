@@ -1,7 +1,9 @@
 """The engine's life cycle: activation, hook registration, applying each patch as its target is
 imported, and the in-process records (``report``, ``revert``). Its other jobs: ``_pipeline`` (one
-patch's decision, its target resolved), ``_slots``, ``_logging``, and the objects it holds,
-``_hooks.Hooks`` and ``_installed.Installations`` (what was installed: re-check, hand-over, revert).
+patch's decision, from its gates to its fix), ``_logging``, and the objects it holds, ``_slots.Slots``
+(the patches' slots), ``_hooks.Hooks`` and ``_installed.Installations`` (what was installed:
+re-check, hand-over, revert; it acts on the slots); the start-up observer it drives, or a
+:class:`NullObserver`.
 
 Imported on a host without the NPU stack (``report()``, ``activate()``, the vLLM plugin),
 :func:`activate` decides "inactive" from the configuration alone, without wrapt, ``logging``,
@@ -12,28 +14,26 @@ from __future__ import annotations
 
 import _thread
 
-from verl_npu_autopatch import _environment, _gates, _logging
+from verl_npu_autopatch import _environment, _logging
 from verl_npu_autopatch._config import Config, read_config
 from verl_npu_autopatch._hooks import Hooks, blocked_on_us, stack_depth
 from verl_npu_autopatch._installed import Installations
 from verl_npu_autopatch._logging import LOGGER_NAME
-from verl_npu_autopatch._observer import NullObserver
+from verl_npu_autopatch._slots import Slot, Slots
 from verl_npu_autopatch._startup import OBSERVER
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Iterable, Sequence
     from types import ModuleType
-    from typing import Any
 
-    from verl_npu_autopatch._observer import ObserverControls
-    from verl_npu_autopatch._slots import Slot
+    from verl_npu_autopatch._startup import Observer
     from verl_npu_autopatch.handover import HandOver
     from verl_npu_autopatch.records import EngineStatus, Record, RecordState, Report
     from verl_npu_autopatch.spec import Patch
 
 
-__all__ = ["LOGGER_NAME", "Engine", "PatchError", "activate", "engine", "report", "revert"]
+__all__ = ["LOGGER_NAME", "Engine", "NullObserver", "PatchError", "activate", "engine", "report", "revert"]
 
 #: The longest an import in another thread waits for an activation under way: far beyond any
 #: real activation (even on an overloaded host), it only turns a wait the import system cannot
@@ -45,42 +45,60 @@ class PatchError(RuntimeError):
     """Raised at a target's import in strict mode; names the patch, the target and the cause."""
 
 
+class NullObserver:
+    """An observer that does nothing: no start-up hook, nothing to guard, never woken inactive. The
+    process's observer (``_startup.OBSERVER``) is the process-wide engine's alone; every other
+    engine (tests, tools) gets this one, so it never touches the process's start-up hook."""
+
+    woken_inactive = ""
+
+    def hooked(self) -> bool:
+        return False
+
+    def guard(self, activator: int, packages: Iterable[str] | None = None) -> None:
+        pass
+
+    def retire(self) -> None:
+        pass
+
+    def observe_again(self, hooked: bool) -> None:
+        pass
+
+
 class Engine:
     """Owns one process's patch records. ``activate`` runs once; the rest is driven by imports.
 
     ``catalog`` and ``config`` default to the built-in catalog (plus entry points) and the environment; tests
     pass their own. ``observer`` is the process's start-up observer, given to the process-wide engine alone (by
-    default a ``_observer.NullObserver``). Each patch has one :class:`~._slots.Slot`; its
-    :class:`~._installed.Installations` is the fixes' ``site.engine`` (:attr:`hand_over`).
+    default a :class:`NullObserver`). Each patch has one :class:`~._slots.Slot` in :attr:`slots` (their lock
+    also guards the status); its :class:`~._installed.Installations` is the fixes' ``site.engine`` (:attr:`hand_over`).
     """
 
     def __init__(
         self,
         catalog: Sequence[Patch] | None = None,
         config: Config | None = None,
-        observer: ObserverControls | None = None,
+        observer: Observer | NullObserver | None = None,
     ) -> None:
         self._catalog = catalog
-        self._given_config = self._config = config
-        self._observer: ObserverControls = observer or NullObserver()
-        self._lock = _thread.RLock()  # records and claims; held only briefly, never across imports
+        self._given_config = config
+        self._observer = observer or NullObserver()
+        self.slots = Slots(config)
         self._activation_lock = _thread.RLock()
         self.status: EngineStatus = "not-activated"
         self.reason = ""
         self.trigger = ""
         self.device = ""
         self.warnings: list[str] = []
-        self._slots: dict[str, Slot] = {}
         self._hooks = Hooks(self._on_import, PatchError)
-        self._installed = Installations(self, PatchError)
+        self._installed = Installations(self.slots, PatchError)
         self._activator = 0
         self._observed = False  # the start-up hook was on sys.meta_path when activation began
         self._checked_names = False
         self._deep_failed = 1 << 30  # the stack depth an activation ran out of stack at
-        self.on_change: Callable[[], None] | None = None  # refreshes the report file, if there is one
 
     @property
-    def observer(self) -> ObserverControls:
+    def observer(self) -> Observer | NullObserver:
         """The start-up observer this engine drives (a ``NullObserver`` but for the process's)."""
         return self._observer
 
@@ -90,30 +108,7 @@ class Engine:
     @property
     def records(self) -> dict[str, Record]:
         """``{patch name: its live record}``, in catalog order."""
-        with self._lock:
-            return {name: slot.record for name, slot in self._slots.items()}
-
-    @property
-    def patches(self) -> dict[str, Patch]:
-        """``{patch name: patch}`` of the patches loaded, in catalog order."""
-        with self._lock:
-            return {name: slot.patch for name, slot in self._slots.items() if slot.patch is not None}
-
-    # ----------------------------------------------------------------- what Installations sees (its Host)
-    @property
-    def lock(self) -> Any:
-        """The lock over the slots and their records (an ``_thread.RLock``)."""
-        return self._lock
-
-    @property
-    def slots(self) -> dict[str, Slot]:
-        """``{patch name: slot}``; read and changed under :attr:`lock`."""
-        return self._slots
-
-    @property
-    def config(self) -> Config | None:
-        """The configuration, once activation has read it."""
-        return self._config
+        return self.slots.records()
 
     # ----------------------------------------------------------------- activation
     def activate(self, trigger: str = "api") -> None:
@@ -138,7 +133,7 @@ class Engine:
             self.trigger = trigger
             self._activator = _thread.get_ident()
             self._observed = observer.hooked()
-            config = self._config = self._config or read_config()
+            config = self.slots.config = self.slots.config or read_config()
             self.warnings = list(config.warnings)
             _logging.configure(config)
             self.device, inactive = _environment.device_decision(config)
@@ -179,11 +174,13 @@ class Engine:
         """An activation that cannot finish (interrupted, out of stack, or under way in a thread a
         fork left behind): back to ``not-activated`` (resuming, where the start-up hook was in
         place). Live fixes keep their slots; modules imported already are hooked afresh."""
-        with self._lock:
+        slots = self.slots
+        with slots.lock:
             self.status, self.reason, self.trigger, self.device, self.warnings = "not-activated", why, "", "", []
-            self._slots = {name: slot for name, slot in self._slots.items() if slot.live()}
+            for name in [name for name, slot in slots.items() if not slot.live()]:
+                del slots[name]
             self._hooks.forget_imported()
-            self._activator, self._checked_names, self._config = 0, False, self._given_config
+            self._activator, self._checked_names, slots.config = 0, False, self._given_config
         self._observer.observe_again(self._observed)
 
     def after_fork(self) -> None:
@@ -191,7 +188,8 @@ class Engine:
         held by threads not there; an activation under way in one is abandoned, not in this one."""
         if self.status == "activating" and self._activator == _thread.get_ident():
             return
-        self._lock, self._activation_lock = _thread.RLock(), _thread.RLock()
+        self._activation_lock = _thread.RLock()
+        self.slots.after_fork()
         self._hooks.after_fork()
         if self.status == "activating":
             self._abandon()
@@ -214,8 +212,7 @@ class Engine:
         logger = _logging.logger()
         import wrapt  # missing or broken: activation fails here, before anything is recorded
 
-        from verl_npu_autopatch import catalog
-        from verl_npu_autopatch._slots import Slot
+        from verl_npu_autopatch import _pipeline, catalog
         from verl_npu_autopatch.records import Record
 
         problem = _environment.wrapt_problem()
@@ -224,7 +221,8 @@ class Engine:
         logger.debug("wrapt %s from %s", _environment.distribution_version("wrapt"), getattr(wrapt, "__file__", "?"))
 
         loaded = catalog.load(config.disable) if self._catalog is None else catalog.Catalog(list(self._catalog))
-        kept, self._slots = self._slots, {}  # live fixes an interrupted activation left (_abandon)
+        slots, kept = self.slots, dict(self.slots)  # live fixes an interrupted activation left (_abandon)
+        slots.clear()
         self.warnings += config.unknown_names(loaded.names())
         self._checked_names = True
         self._flush_warnings()
@@ -241,20 +239,20 @@ class Engine:
             logger.warning("%s", text)
         tops = {t.module.partition(".")[0] for p in unique.values() for t in p.hooks}
         self._observer.guard(self._activator, tops)  # from now on guard only the target packages
-        plans = {name: _gates.plan(patch, config) for name, patch in unique.items()}
-        with self._lock:
+        plans = {name: _pipeline.plan(patch, config) for name, patch in unique.items()}
+        with slots.lock:
             self.status, self.reason = "active", f"activated by {self.trigger}"
             for name, plan in plans.items():
                 patch = unique[name]
                 targets = " | ".join(map(str, plan.variants or patch.hooks))
                 record = Record(name, patch.groups, targets, "pending", versions=plan.versions)
-                self._slots[name] = kept.get(name) or Slot(patch, record, plan.variants)
-            self._slots.update((name, slot) for name, slot in kept.items() if name not in self._slots)
-            wanted = dict.fromkeys(t.module for slot in self._slots.values() for t in slot.variants)
+                slots[name] = kept.get(name) or Slot(patch, record, plan.variants)
+            slots.update((name, slot) for name, slot in kept.items() if name not in slots)
+            wanted = dict.fromkeys(t.module for slot in slots.values() for t in slot.variants)
         logger.info("engine active (%s); device %s", self.reason, self.device)
         for name, plan in plans.items():
             if name not in kept:
-                self.set_state(self._slots[name].record, plan.state, plan.reason)
+                slots.set_state(slots[name].record, plan.state, plan.reason)
         self._hooks.register(wanted)
         if config.strict and loaded.errors:
             name, error, exc = loaded.errors[0]
@@ -289,27 +287,18 @@ class Engine:
         self._installed.settle(absent, self._hooks.catch_up)
 
     # ----------------------------------------------------------------- records
-    def set_state(self, record: Record, state: RecordState, reason: str, exc: BaseException | None = None) -> None:
-        """Record a decision and log it once (``exc``: its traceback goes with the line)."""
-        with self._lock:
-            record.state, record.reason = state, reason
-        _logging.logger().log(_logging.level_of(state), "%s: %s (%s)", record.name, state, reason, exc_info=exc)
-        if self.on_change is not None:
-            self.on_change()
-
     def _entry_point_record(self, name: str, state: RecordState, reason: str, exc: BaseException | None = None) -> None:
         """The record of an entry point that failed to load or was skipped."""
-        from verl_npu_autopatch._slots import Slot
         from verl_npu_autopatch.records import Record
 
         record = Record(name, (), "entry point", versions={})
-        self._slots[name] = Slot(None, record)
-        self.set_state(record, state, reason, exc)
+        self.slots[name] = Slot(None, record)
+        self.slots.set_state(record, state, reason, exc)
 
     def check_names(self) -> None:
         """On a host where the engine stayed inactive, warn about ENABLE/DISABLE names that match
         nothing (this loads the catalog, so it runs only for ``report()`` and ``doctor``)."""
-        config = self._config
+        config = self.slots.config
         if self._checked_names or config is None or not (config.enable or config.disable):
             return
         self._checked_names = True
@@ -320,7 +309,7 @@ class Engine:
         except Exception as exc:  # a broken catalog fails activation itself; these warnings are extra
             _logging.logger().debug("checking the ENABLE/DISABLE names raised %r", exc, exc_info=True)
             return
-        with self._lock:
+        with self.slots.lock:
             self.warnings += found
 
     def _flush_warnings(self) -> None:
@@ -333,8 +322,8 @@ class Engine:
         from verl_npu_autopatch.records import Report
 
         self._installed.recheck()
-        with self._lock:
-            records = [record for name in self._slots if (record := self._installed.record(name)) is not None]
+        with self.slots.lock:
+            records = [record for name in self.slots if (record := self._installed.record(name)) is not None]
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
     def revert(self, name: str | None = None) -> list[str]:

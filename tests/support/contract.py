@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from verl_npu_autopatch import _copies, _gates, _pipeline, catalog
+from verl_npu_autopatch import _copies, _pipeline, catalog
 from verl_npu_autopatch._config import Config
 from verl_npu_autopatch.ownership import THROUGH_TARGET, declared_values
 from verl_npu_autopatch.patching import marked_by
@@ -73,7 +73,7 @@ def live_patches(patches: Iterable[Patch] | None = None) -> list[Patch]:
     variants imports, with every further declared module."""
     found = []
     for patch in catalog.builtin() if patches is None else patches:
-        plan = _gates.plan(patch, config_for(patch))
+        plan = _pipeline.plan(patch, config_for(patch))
         if plan.state != "pending":
             continue
         extra = {t.module for t in (*patch.secondary, *patch.targets)}  # a computed family may be absent here
@@ -155,7 +155,7 @@ class Finding:
 
 
 def _run(patch: Patch) -> _pipeline.Outcome:
-    plan = _gates.plan(patch, config_for(patch))
+    plan = _pipeline.plan(patch, config_for(patch))
     return _pipeline.run(patch, plan.variants, plan.versions, None, config_for(patch), engine=QuietHandOver())
 
 

@@ -91,7 +91,7 @@ def test_the_public_face_resolves_every_name_it_lists() -> None:
         assert getattr(verl_npu_autopatch, name) is not None
     assert set(verl_npu_autopatch.__all__) <= set(dir(verl_npu_autopatch))
     private = {p.stem for p in PACKAGE.glob("_*.py")} - {"__init__", "__main__"}
-    assert {"_activation", "_config", "_environment", "_gates", "_startup"} <= private
+    assert {"_activation", "_config", "_environment", "_pipeline", "_startup"} <= private
 
 
 def test_one_device_decision_and_one_on_off_parser() -> None:
@@ -104,10 +104,10 @@ def test_one_device_decision_and_one_on_off_parser() -> None:
     assert (off.enabled, off.warnings) == (False, ())
     assert _environment.device_decision(off)[1] == "switched off by VERL_NPU_AUTOPATCH"
     assert (startup.flag(" OFF "), startup.flag("Yes"), startup.flag("maybe")) == (False, True, None)
-    from verl_npu_autopatch import _gates
+    from verl_npu_autopatch import _pipeline
 
     assert _activation.device_decision is _environment.device_decision  # the inactive decision is the same one
-    assert not hasattr(_gates, "device_decision") and not hasattr(_config, "FALSE")
+    assert not hasattr(_pipeline, "device_decision") and not hasattr(_config, "FALSE")
     assert _config.flag is startup.flag
 
 

@@ -14,10 +14,9 @@ import pytest
 
 from verl_npu_autopatch import _startup, engine
 from verl_npu_autopatch._config import Config
-from verl_npu_autopatch._observer import NullObserver
 
 
-class RecordingObserver(NullObserver):
+class RecordingObserver(engine.NullObserver):
     """Does nothing, like the null observer, but records what the engine asks of it."""
 
     def __init__(self, hooked: bool = True) -> None:
@@ -62,7 +61,7 @@ def test_an_engine_given_no_observer_gets_a_null_one(monkeypatch: pytest.MonkeyP
     before = list(sys.meta_path)
     plain = engine.Engine([], Config(device="npu"))
     plain.activate("api")
-    assert type(plain.observer) is NullObserver and plain.status == "active"
+    assert type(plain.observer) is engine.NullObserver and plain.status == "active"
     assert sys.meta_path == before and _startup.OBSERVER.mode == live
 
 
