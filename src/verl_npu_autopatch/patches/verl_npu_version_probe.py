@@ -20,16 +20,15 @@ fixed upstream.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
+from verl_npu_autopatch.patches._family import around, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 MODULE = "verl.utils.device"
 VARIABLE = "ASCEND_VISIBLE_DEVICES"
@@ -83,21 +82,18 @@ def _naming(card: int) -> Iterator[None]:
                 os.environ[VARIABLE] = before
 
 
-def _probe(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
+def get_npu_versions(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """verl's probe; when ``npu-smi`` fails on card 1, again with the first visible card named."""
     import subprocess
 
-    @functools.wraps(original)
-    def get_npu_versions(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(*args, **kwargs)
-        except subprocess.CalledProcessError:
-            card = visible_card()
-            if card is None:
-                raise
-        with _naming(card):
-            return original(*args, **kwargs)
-
-    return get_npu_versions
+    try:
+        return original(*args, **kwargs)
+    except subprocess.CalledProcessError:
+        card = visible_card()
+        if card is None:
+            raise
+    with _naming(card):
+        return original(*args, **kwargs)
 
 
 PATCHES = [
@@ -106,9 +102,7 @@ PATCHES = [
         "verl's get_npu_versions probes the first NPU npu-smi lists when card 1 is not in the container.",
         target=f"{MODULE}:get_npu_versions",
         rule=probe_rule,
-        wrap=_probe,
-        reads=("verl/utils/device.py",),
+        wrap=around(get_npu_versions),
         reference="https://github.com/verl-project/verl/issues/6756",
-        groups=("verl",),
     ),
 ]
