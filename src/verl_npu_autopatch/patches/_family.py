@@ -2,11 +2,11 @@
 target's code (the live callable for ``check``, a release's source for the decision table) and
 fixes by wrapping the target method.
 
-A family then writes only what is its own: the rule (``Code`` -> ``Verdict``; its signature check
-is :func:`~._fingerprints.takes`), the wrapper (``wrap(site, original)`` -> the replacement, or
-just the advice ``advice(original, *args, **kwargs)`` through :func:`around`) and the spec's
-words. A patch whose only change is the engine's rebinding of stale copies (``Patch.stale``)
-takes :func:`copies_only` as its fix.
+A family then writes only what is its own: the rule (``Code`` -> ``Verdict``, bound by
+:func:`decides` to the target it decides on and the parameters that target takes), the wrapper
+(``wrap(site, original)`` -> the replacement, or just the advice ``advice(original, *args,
+**kwargs)`` through :func:`around`) and the spec's words. A patch whose only change is the
+engine's rebinding of stale copies (``Patch.stale``) takes :func:`copies_only` as its fix.
 """
 
 from __future__ import annotations
@@ -14,20 +14,23 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
+from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, takes
 from verl_npu_autopatch.patching import replace_method
 from verl_npu_autopatch.spec import Patch, Site, StaticRule, Target, Undo, Verdict, unsupported
 
 __all__ = [
     "RECIPE",
     "Rule",
+    "TargetRule",
     "Wrap",
     "around",
     "code_check",
     "copied_into",
     "copies_only",
+    "decides",
     "judged",
     "module_file",
     "wrapping_fix",
@@ -41,6 +44,28 @@ RECIPE = "https://github.com/verl-project/verl-ascend-recipe"
 Rule = Callable[[Code], Verdict]
 #: Makes the replacement of the target method from the site and upstream's plain function.
 Wrap = Callable[[Site, Callable[..., Any]], Callable[..., Any]]
+
+
+@dataclass(frozen=True)
+class TargetRule:
+    """A rule bound to the one target it decides on (:func:`decides`); called like the rule."""
+
+    target: Target
+    decide: Rule
+
+    def __call__(self, code: Code) -> Verdict:
+        return self.decide(code)
+
+
+def decides(target: str, params: tuple[str, ...] | None = None) -> Callable[[Rule], TargetRule]:
+    """Binds the decorated rule to ``target`` (``module:Class.method``); with ``params``, code
+    taking other parameters is ``unsupported`` naming both signatures (:func:`~._fingerprints.takes`)."""
+    parsed = Target.parse(target)
+
+    def bind(rule: Rule) -> TargetRule:
+        return TargetRule(parsed, takes(parsed.qualname.rpartition(".")[2], params)(rule) if params else rule)
+
+    return bind
 
 
 def around(advice: Callable[..., Any]) -> Wrap:
@@ -105,8 +130,7 @@ def wrapping_patch(
     name: str,
     summary: str,
     *,
-    target: str,
-    rule: Rule,
+    rule: TargetRule,
     wrap: Wrap,
     opt_in: str | None = None,
     needs: str | None = None,
@@ -115,13 +139,13 @@ def wrapping_patch(
     note: Callable[[UpstreamTree], str | None] | None = None,
     **spec: Any,
 ) -> Patch:
-    """A :class:`Patch` of the common shape on ``target`` (``module:Class.method``): checked by
+    """A :class:`Patch` of the common shape on the target ``rule`` decides on: checked by
     ``rule`` on the live code, fixed by ``wrap``, decided on a release's files ``reads`` (default:
     the target module's file) by ``static`` (default: ``rule`` on the target's source), the table's
     ``note`` beside it. ``needs`` names a global of the target module the fix uses (checked too).
     Its groups are the family (the name's first word), after ``opt_in``, the group that enables
     an opt-in patch; ``spec`` holds the other fields (``groups`` given there replace these)."""
-    parsed = Target.parse(target)
+    parsed = rule.target
     family = name.partition(".")[0]
     spec.setdefault("groups", (opt_in, family) if opt_in else (family,))
     return Patch(

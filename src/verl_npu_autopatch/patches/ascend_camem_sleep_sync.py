@@ -15,8 +15,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, takes
+from verl_npu_autopatch.patches._family import decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patches._verl import CAMEM_MARKER, claim, yield_to_verl
 from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
@@ -26,9 +26,8 @@ SYNC = "torch.npu.synchronize()"
 UNMAP = "unmap_and_release("
 
 
-@takes("sleep", SLEEP_PARAMS)
+@decides(f"{CAMEM}:CaMemAllocator.sleep", SLEEP_PARAMS)
 def camem_rule(sleep: Code) -> Verdict:
-    """Decide on ``CaMemAllocator.sleep``."""
     if not sleep.has(UNMAP):
         return unsupported("sleep releasing memory through unmap_and_release", "sleep without it")
     source = sleep.source or ""
@@ -52,7 +51,6 @@ PATCHES = [
     wrapping_patch(
         "ascend.camem_sleep_sync",
         "CaMemAllocator.sleep synchronizes the NPU before unmapping and releasing memory.",
-        target=f"{CAMEM}:CaMemAllocator.sleep",
         rule=camem_rule,
         wrap=_sleep,
         opt_in="glm52",

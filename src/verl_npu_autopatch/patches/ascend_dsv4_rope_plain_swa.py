@@ -28,7 +28,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, wrapping_patch
+from verl_npu_autopatch.patches._family import RECIPE, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code, takes
 from verl_npu_autopatch.spec import APPLY, Site, Verdict, unsupported
 
@@ -54,9 +54,9 @@ SCALING_KEYWORDS = (SWITCH, "original_max_position_embeddings", "original_seq_le
 PRECOMPUTE = "self.precompute_freqs_cis("
 
 
+@decides(f"{MODULE}:{METHOD}")
 @takes(METHOD, PARAMS)
 def rope_rule(init: Code) -> Verdict:
-    """Decide on ``ComplexExpRotaryEmbedding.__init__``."""
     if not init.has(PRECOMPUTE):
         return unsupported(f"{METHOD} computing its table with {PRECOMPUTE[:-1]}", "another table")
     return APPLY
@@ -101,7 +101,6 @@ PATCHES = [
     wrapping_patch(
         "ascend.dsv4_rope_plain_swa",
         "DeepSeek-V4's sliding-window-only layers get plain RoPE, not YaRN-scaled frequencies.",
-        target=f"{MODULE}:{METHOD}",
         rule=rope_rule,
         wrap=_wrap,
         opt_in="dsv4",

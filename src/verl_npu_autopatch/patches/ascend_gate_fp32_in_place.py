@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, around, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, takes
+from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 LINEAR = "vllm_ascend.ops.linear"
@@ -30,9 +30,8 @@ REBIND = "layer.weight_fp32="
 IN_PLACE = ('replace_parameter(layer,"weight_fp32"', "prefer_copy=True")
 
 
-@takes("process_weights_after_loading", PARAMS)
+@decides(f"{LINEAR}:{METHOD}", PARAMS)
 def gate_rule(code: Code) -> Verdict:
-    """Decide on ``AscendUnquantizedLinearMethod.process_weights_after_loading``."""
     if code.has(*IN_PLACE):
         return fixed_upstream(
             'process_weights_after_loading already calls replace_parameter(layer, "weight_fp32", ..., prefer_copy=True)'
@@ -74,7 +73,6 @@ PATCHES = [
     wrapping_patch(
         "ascend.gate_fp32_in_place",
         "A weight sync copies DeepSeek-V4's new fp32 router gate into the tensor captured graphs hold.",
-        target=f"{LINEAR}:{METHOD}",
         rule=gate_rule,
         wrap=around(process_weights),
         opt_in="dsv4",

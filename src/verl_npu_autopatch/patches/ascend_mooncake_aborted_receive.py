@@ -35,8 +35,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, around, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, takes
+from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 MODULE = "vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector"
@@ -48,9 +48,8 @@ DECODE_SIDE = 'params.get("do_remote_decode")'
 CAPPED = "request.status!=RequestStatus.FINISHED_LENGTH_CAPPED"
 
 
-@takes("request_finished", PARAMS)
+@decides(f"{MODULE}:MooncakeConnectorScheduler.request_finished", PARAMS)
 def finished_rule(code: Code) -> Verdict:
-    """Decide on ``MooncakeConnectorScheduler.request_finished``."""
     if code.has(QUEUED):
         return fixed_upstream("request_finished replaces a receive queued before the abort itself")
     if not code.has(DECODE_SIDE, CAPPED):
@@ -86,7 +85,6 @@ PATCHES = [
         "ascend.mooncake_aborted_receive",
         "vllm-ascend's Mooncake connector signals DONE_RECVING for an aborted remote-prefill request "
         "and never pulls KV into the blocks the abort freed.",
-        target=f"{MODULE}:MooncakeConnectorScheduler.request_finished",
         rule=finished_rule,
         wrap=around(request_finished),
         opt_in="pd_disaggregation",

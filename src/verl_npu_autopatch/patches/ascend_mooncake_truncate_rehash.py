@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, around, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, takes
+from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 MODULE = "vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector"
@@ -38,9 +38,8 @@ DROPS = ("request._all_token_ids.pop()", f'params["{MARK}"]=True')
 REHASH = "update_block_hashes"
 
 
-@takes("_truncate_request_for_prefill", PARAMS)
+@decides(f"{MODULE}:MooncakeConnectorScheduler._truncate_request_for_prefill", PARAMS)
 def truncate_rule(code: Code) -> Verdict:
-    """Decide on ``MooncakeConnectorScheduler._truncate_request_for_prefill``."""
     if code.has(REHASH):
         return fixed_upstream("_truncate_request_for_prefill rebuilds the block hashes itself")
     if not code.has(*DROPS):
@@ -65,7 +64,6 @@ PATCHES = [
         "ascend.mooncake_truncate_rehash",
         "vllm-ascend's Mooncake connector rebuilds a prefill-side request's block hashes after "
         "dropping its last prompt token.",
-        target=f"{MODULE}:MooncakeConnectorScheduler._truncate_request_for_prefill",
         rule=truncate_rule,
         wrap=around(truncate_request),
         opt_in="pd_disaggregation",

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, around, wrapping_patch
+from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patching import signature_text
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
@@ -38,8 +38,8 @@ BUFFER = "expert_bias"
 CASTS = ("module.bfloat16()", "module.half()")
 
 
+@decides(f"{MODULE}:Float16Module.__init__")
 def float16_rule(init: Code) -> Verdict:
-    """Decide on ``Float16Module.__init__``."""
     if init.params is not None and init.params[:3] != ("self", "config", "module"):
         return unsupported("Float16Module.__init__(self, config, module)", f"__init__{signature_text(init.params)}")
     if init.has(BUFFER):
@@ -82,7 +82,6 @@ PATCHES = [
     wrapping_patch(
         "megatron.expert_bias_fp32",
         "Float16Module keeps the MoE router's expert_bias buffer in fp32 (the same tensor, unrounded).",
-        target=f"{MODULE}:Float16Module.__init__",
         rule=float16_rule,
         wrap=around(keep_fp32_biases),
         reference=RECIPE,

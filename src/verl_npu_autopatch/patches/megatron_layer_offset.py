@@ -27,7 +27,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, copied_into, module_file, wrapping_patch
+from verl_npu_autopatch.patches._family import RECIPE, copied_into, decides, module_file, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
 from verl_npu_autopatch.patching import signature_text
 from verl_npu_autopatch.spec import APPLY, Site, Target, Verdict, fixed_upstream, unsupported
@@ -51,8 +51,8 @@ COPIERS = (
 )
 
 
+@decides(f"{MODULE}:{FUNCTION}")
 def offset_rule(code: Code) -> Verdict:
-    """Decide on ``get_transformer_layer_offset``."""
     params = code.params or ()
     if params != PARAMS[: len(params)] or not params:
         return unsupported(f"{FUNCTION}(config[, vp_stage[, pp_rank]])", f"{FUNCTION}{signature_text(params)}")
@@ -114,7 +114,6 @@ PATCHES = [
     wrapping_patch(
         "megatron.layer_offset",
         "get_transformer_layer_offset follows MindSpeed-LLM's uneven num_layer_list (a prefix sum), copies included.",
-        target=f"{MODULE}:{FUNCTION}",
         rule=offset_rule,
         needs="parallel_state",
         wrap=_wrap,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import around, wrapping_patch
+from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patches._verl import yield_to_verl
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
@@ -27,8 +27,8 @@ NOT_NONE = "ifself.config.mtp_num_layersisnotNone:"
 CLONE = "labels.clone()"
 
 
+@decides(f"{GPT}:GPTModel._postprocess")
 def postprocess_rule(postprocess: Code) -> Verdict:
-    """Decide on ``GPTModel._postprocess``."""
     source = postprocess.source or ""
     if TRUTHY in source:
         return fixed_upstream("_postprocess tests mtp_num_layers for truth: 0 skips the MTP branch")
@@ -57,7 +57,6 @@ PATCHES = [
     wrapping_patch(
         "megatron.mtp_postprocess",
         "GPTModel._postprocess treats mtp_num_layers == 0 as no MTP (no labels.clone() on None labels).",
-        target=f"{GPT}:GPTModel._postprocess",
         rule=postprocess_rule,
         wrap=around(postprocess),
         reference="https://github.com/verl-project/verl/pull/6374",

@@ -27,8 +27,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
-from verl_npu_autopatch.patches._family import copied_into, module_file, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, takes
+from verl_npu_autopatch.patches._family import copied_into, decides, module_file, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
 from verl_npu_autopatch.spec import APPLY, Site, Target, Verdict, fixed_upstream, unsupported
 
 MODULE = "verl.utils.tensordict_utils"
@@ -43,9 +43,8 @@ LAYOUT_AWARE = (".offsets()", ".values()", "nested_tensor_from_")
 Layout = Literal["canonical", "sequence-packed", "channel-packed", "unknown"]
 
 
-@takes(FUNCTION, ("data",))
+@decides(f"{MODULE}:{FUNCTION}", ("data",))
 def position_ids_rule(code: Code) -> Verdict:
-    """Decide on ``maybe_fix_3d_position_ids``."""
     if any(code.has(needle) for needle in LAYOUT_AWARE):
         return fixed_upstream(f"{FUNCTION} reads the nested layout (offsets / values) or rebuilds the tensor")
     if code.has(BLIND):
@@ -102,7 +101,6 @@ PATCHES = [
     wrapping_patch(
         "verl.3d_position_ids",
         "verl's maybe_fix_3d_position_ids repairs 3-D (mRoPE) position ids by their layout, copies included.",
-        target=f"{MODULE}:{FUNCTION}",
         rule=position_ids_rule,
         needs=BUILDER,
         wrap=_wrap,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import around, wrapping_patch
+from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
@@ -33,6 +33,7 @@ OFFLOAD = 'engine.to("cpu"'
 LEFT_ALONE = ("naive", "delta_sharded")
 
 
+@decides(f"{MODULE}:ActorRolloutRefWorker.update_weights")
 def reoffload_rule(code: Code) -> Verdict:
     """Decide on ``ActorRolloutRefWorker.update_weights``: what follows the per-tensor send up to its
     ``return``."""
@@ -63,7 +64,6 @@ PATCHES = [
     wrapping_patch(
         "verl.checkpoint_send_reoffload",
         "verl's actor is offloaded again after a checkpoint-engine weight send (parameter offload on).",
-        target=f"{MODULE}:ActorRolloutRefWorker.update_weights",
         rule=reoffload_rule,
         wrap=around(update_weights),
         reference="https://github.com/verl-project/verl/pull/7631",

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from verl_npu_autopatch.patches._family import around, wrapping_patch
+from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
@@ -37,8 +37,8 @@ MAPPING = '"info","-m"'
 _LOCK = threading.Lock()
 
 
+@decides(f"{MODULE}:get_npu_versions")
 def probe_rule(code: Code) -> Verdict:
-    """Decide on ``get_npu_versions``."""
     if code.has(MAPPING):
         return fixed_upstream("get_npu_versions reads the NPU id mapping (npu-smi info -m) itself")
     if not code.has(CARD_ONE):
@@ -100,7 +100,6 @@ PATCHES = [
     wrapping_patch(
         "verl.npu_version_probe",
         "verl's get_npu_versions probes the first NPU npu-smi lists when card 1 is not in the container.",
-        target=f"{MODULE}:get_npu_versions",
         rule=probe_rule,
         wrap=around(get_npu_versions),
         reference="https://github.com/verl-project/verl/issues/6756",

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, around, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, takes
+from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 CAPTURER = "vllm.model_executor.layers.fused_moe.routed_experts_capturer"
@@ -29,9 +29,8 @@ STORE = "self.routed_experts_by_slot[slot_mapping]=data"
 MASKED = ("slot_mapping>=0", "slot_mapping<0")
 
 
-@takes("store_batch", PARAMS)
+@decides(f"{CAPTURER}:{METHOD}", PARAMS)
 def slots_rule(code: Code) -> Verdict:
-    """Decide on ``RoutedExpertsManager.store_batch``."""
     if any(code.has(mask) for mask in MASKED):
         return fixed_upstream("store_batch already masks negative slot ids")
     if not code.has(STORE):
@@ -51,7 +50,6 @@ PATCHES = [
     wrapping_patch(
         "vllm.routed_experts_padding_slots",
         "RoutedExpertsManager.store_batch skips padding slot id -1 instead of writing the last slot.",
-        target=f"{CAPTURER}:{METHOD}",
         rule=slots_rule,
         wrap=around(store_batch),
         opt_in="router_replay",
