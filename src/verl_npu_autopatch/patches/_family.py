@@ -33,6 +33,7 @@ __all__ = [
     "decides",
     "judged",
     "module_file",
+    "rule_patch",
     "wrapping_fix",
     "wrapping_patch",
 ]
@@ -126,23 +127,31 @@ def judged(target: Target, rule: Rule, needs: str | None = None) -> Callable[[Up
     return static
 
 
-def wrapping_patch(
+def wrapping_patch(name: str, summary: str, *, rule: TargetRule, wrap: Wrap, **spec: Any) -> Patch:
+    """A :func:`rule_patch` whose fix replaces the target method by ``wrap(site, original)``."""
+    return rule_patch(name, summary, rule=rule, fix=wrapping_fix(wrap), **spec)
+
+
+def rule_patch(
     name: str,
     summary: str,
     *,
     rule: TargetRule,
-    wrap: Wrap,
+    fix: Callable[[Site], Undo],
     opt_in: str | None = None,
     needs: str | None = None,
     reads: tuple[str, ...] | None = None,
+    copiers: tuple[str, ...] = (),
     static: Callable[[UpstreamTree], Verdict] | None = None,
     note: Callable[[UpstreamTree], str | None] | None = None,
     **spec: Any,
 ) -> Patch:
     """A :class:`Patch` of the common shape on the target ``rule`` decides on: checked by
-    ``rule`` on the live code, fixed by ``wrap``, decided on a release's files ``reads`` (default:
+    ``rule`` on the live code, fixed by ``fix``, decided on a release's files ``reads`` (default:
     the target module's file) by ``static`` (default: ``rule`` on the target's source), the table's
-    ``note`` beside it. ``needs`` names a global of the target module the fix uses (checked too).
+    ``note`` beside it. ``copiers`` are modules known to copy a module-level target by ``from ...
+    import`` (``Patch.copies`` rebinds them): read too, and the default note names those that do
+    in the release. ``needs`` names a global of the target module the fix uses (checked too).
     Its groups are the family (the name's first word), after ``opt_in``, the group that enables
     an opt-in patch; ``spec`` holds the other fields (``groups`` given there replace these)."""
     parsed = rule.target
@@ -153,12 +162,12 @@ def wrapping_patch(
         summary=summary,
         targets=(parsed,),
         check=code_check(rule, needs),
-        fix=wrapping_fix(wrap),
+        fix=fix,
         default=opt_in is None,
         static=StaticRule(
             static or judged(parsed, rule, needs),
-            reads=reads or (module_file(parsed.module),),
-            note=note,
+            reads=reads or tuple(map(module_file, (parsed.module, *copiers))),
+            note=note or (_copied_note(parsed, copiers) if copiers else None),
         ),
         **spec,
     )
@@ -177,6 +186,16 @@ def copied_into(tree: UpstreamTree, copiers: tuple[str, ...], target: Target) ->
         for name in copiers
         if (source := tree.module(name)) and source.imports_from(target.module, target.qualname)
     ]
+
+
+def _copied_note(target: Target, copiers: tuple[str, ...]) -> Callable[[UpstreamTree], str | None]:
+    """The table's note naming the ``copiers`` that copy ``target`` in a release."""
+
+    def note(tree: UpstreamTree) -> str | None:
+        found = copied_into(tree, copiers, target)
+        return f"copied by `from ... import` into {', '.join(found)}" if found else None
+
+    return note
 
 
 def copies_only(site: Site) -> Undo:

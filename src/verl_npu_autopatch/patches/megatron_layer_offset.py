@@ -27,7 +27,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, copied_into, decides, module_file, wrapping_patch
+from verl_npu_autopatch.patches._family import RECIPE, copied_into, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
 from verl_npu_autopatch.patching import signature_text
 from verl_npu_autopatch.spec import APPLY, Site, Target, Verdict, fixed_upstream, unsupported
@@ -118,7 +118,7 @@ PATCHES = [
         needs="parallel_state",
         wrap=_wrap,
         copies=("megatron",),
-        reads=tuple(map(module_file, (MODULE, *COPIERS))),
+        copiers=COPIERS,
         note=_note,
         reference=RECIPE,
     ),

@@ -27,9 +27,9 @@ import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
-from verl_npu_autopatch.patches._family import copied_into, decides, module_file, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
-from verl_npu_autopatch.spec import APPLY, Site, Target, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patches._family import decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
 MODULE = "verl.utils.tensordict_utils"
 FUNCTION = "maybe_fix_3d_position_ids"
@@ -91,12 +91,6 @@ def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
 COPIERS = ("verl.workers.engine_workers", "verl.workers.engine.base", "verl.workers.engine_workers_tinker")
 
 
-def _note(tree: UpstreamTree) -> str | None:
-    """Which of :data:`COPIERS` copy the function in a release (the copies the engine rebinds)."""
-    found = copied_into(tree, COPIERS, Target(MODULE, FUNCTION))
-    return f"copied by `from ... import` into {', '.join(found)}" if found else None
-
-
 PATCHES = [
     wrapping_patch(
         "verl.3d_position_ids",
@@ -105,8 +99,7 @@ PATCHES = [
         needs=BUILDER,
         wrap=_wrap,
         copies=("verl",),
-        reads=tuple(map(module_file, (MODULE, *COPIERS))),
-        note=_note,
+        copiers=COPIERS,
         reference="https://github.com/verl-project/verl/issues/7899",
     ),
 ]
