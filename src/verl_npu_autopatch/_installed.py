@@ -14,16 +14,19 @@ from verl_npu_autopatch import _logging
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inactive path never needs it
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Iterator
     from types import ModuleType
-    from typing import Any
+    from typing import Any, TypeVar
 
     from verl_npu_autopatch import ownership
     from verl_npu_autopatch._config import Config
     from verl_npu_autopatch._pipeline import Outcome
     from verl_npu_autopatch._slots import Slot, Slots
-    from verl_npu_autopatch.records import Record
-    from verl_npu_autopatch.spec import Patch, Site, Undo
+    from verl_npu_autopatch.records import Record, RecordState
+    from verl_npu_autopatch.spec import Patch, Site, Target, Undo
+
+    Held = TypeVar("Held")
+    Decided = TypeVar("Decided")
 
 
 __all__ = ["Installations"]
@@ -148,15 +151,11 @@ class Installations:
         record to ``applied``, ``yielded`` or ``superseded`` accordingly. Never raises."""
         from verl_npu_autopatch import ownership
 
-        with self._slots.lock:
-            installed = [(slot, slot.installed) for slot in self._slots.values() if slot.installed is not None]
-        for slot, where in installed:
+        def recheck(slot: Slot, where: ownership.Installation) -> tuple[RecordState, str]:
+            return ownership.recheck(_patch_of(slot), slot.record.versions, where, self)
+
+        for slot, where, (state, reason) in self._decide_each(lambda slot: slot.installed, recheck):
             record = slot.record
-            try:
-                state, reason = ownership.recheck(_patch_of(slot), record.versions, where, self)
-            except Exception as exc:  # a detector bug must not break report()
-                _logging.logger().debug("re-checking %s raised %r", record.name, exc, exc_info=True)
-                continue
             with self._slots.lock:
                 if slot.installed is not where or record.state not in ownership.RECHECKED_STATES:
                     continue  # reverted, yielded or re-applied meanwhile
@@ -171,15 +170,11 @@ class Installations:
         patched first). Never raises."""
         from verl_npu_autopatch import ownership
 
-        with self._slots.lock:
-            yields = [(slot, slot.yielded) for slot in self._slots.values() if slot.yielded is not None]
-        for slot, target in yields:
+        def named(slot: Slot, target: Target) -> str | None:
+            return ownership.yielded_reason(_patch_of(slot), target, slot.record.versions, self)
+
+        for slot, _, reason in self._decide_each(lambda slot: slot.yielded, named):
             record = slot.record
-            try:
-                reason = ownership.yielded_reason(_patch_of(slot), target, record.versions, self)
-            except Exception as exc:  # a detector bug must not break report()
-                _logging.logger().debug("re-checking %s raised %r", record.name, exc, exc_info=True)
-                continue
             with self._slots.lock:
                 if record.state != "yielded":
                     slot.yielded = None
@@ -187,6 +182,21 @@ class Installations:
                 changed = reason is not None and reason != record.reason
             if changed and reason is not None:
                 self._slots.set_state(record, "yielded", reason)
+
+    def _decide_each(
+        self, held: Callable[[Slot], Held | None], decide: Callable[[Slot, Held], Decided]
+    ) -> Iterator[tuple[Slot, Held, Decided]]:
+        """``(slot, value, decide(slot, value))`` for each slot whose ``held(slot)`` is set (read
+        under the lock, decided outside it); a slot whose ``decide`` raises is logged and left out."""
+        with self._slots.lock:
+            pairs = [(slot, value) for slot in self._slots.values() if (value := held(slot)) is not None]
+        for slot, value in pairs:
+            try:
+                decided = decide(slot, value)
+            except Exception as exc:  # a detector bug must not break report()
+                _logging.logger().debug("re-checking %s raised %r", slot.record.name, exc, exc_info=True)
+                continue
+            yield slot, value, decided
 
     def _watches(self, module: str) -> bool:
         """Whether a reload of ``module`` concerns an applied or displaced patch."""

@@ -148,7 +148,8 @@ def test_the_live_check_agrees_with_the_decision_table(
     utils = verl(version)[family.MODULE]
     tree = UpstreamTree((release_root("verl", version),), {"verl": version})
     assert PATCH.static is not None
-    live = family._check(contract_site(utils))
+    assert PATCH.check is not None
+    live = PATCH.check(contract_site(utils))
     assert (live.action, PATCH.static.decide(tree).action) == ("apply", "apply")
 
 

@@ -9,6 +9,7 @@ executed. Both therefore run the one implementation of each rule. Standard libra
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,20 @@ def params_mismatch(
     if code.params == expected:
         return None
     return unsupported(f"{expected_name or name}{signature_text(expected)}", f"{name}{signature_text(code.params)}")
+
+
+def takes(name: str, expected: tuple[str, ...]) -> Callable[[Callable[[Code], Verdict]], Callable[[Code], Verdict]]:
+    """A rule's signature check, written once: the decorated rule decides only on code taking
+    exactly ``expected``; other code is ``unsupported`` naming both signatures (:func:`params_mismatch`)."""
+
+    def decorate(rule: Callable[[Code], Verdict]) -> Callable[[Code], Verdict]:
+        @functools.wraps(rule)
+        def checked(code: Code) -> Verdict:
+            return params_mismatch(code, expected, name) or rule(code)
+
+        return checked
+
+    return decorate
 
 
 # --------------------------------------------------------------------------- static reading

@@ -15,8 +15,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
+from verl_npu_autopatch.patches._family import decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patches._verl import CAMEM_MARKER, claim, yield_to_verl
 from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
@@ -26,11 +26,8 @@ SYNC = "torch.npu.synchronize()"
 UNMAP = "unmap_and_release("
 
 
+@decides(f"{CAMEM}:CaMemAllocator.sleep", SLEEP_PARAMS)
 def camem_rule(sleep: Code) -> Verdict:
-    """Decide on ``CaMemAllocator.sleep``."""
-    mismatch = params_mismatch(sleep, SLEEP_PARAMS, "sleep")
-    if mismatch:
-        return mismatch
     if not sleep.has(UNMAP):
         return unsupported("sleep releasing memory through unmap_and_release", "sleep without it")
     source = sleep.source or ""
@@ -54,13 +51,10 @@ PATCHES = [
     wrapping_patch(
         "ascend.camem_sleep_sync",
         "CaMemAllocator.sleep synchronizes the NPU before unmapping and releasing memory.",
-        target=f"{CAMEM}:CaMemAllocator.sleep",
         rule=camem_rule,
         wrap=_sleep,
-        reads=("vllm_ascend/device_allocator/camem.py",),
+        opt_in="glm52",
         reference="https://github.com/verl-project/verl/pull/7779",
-        groups=("glm52", "ascend"),
-        default=False,
         yields_to=(yield_to_verl(),),
     ),
 ]

@@ -28,8 +28,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.patches._family import RECIPE, decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code, takes
 from verl_npu_autopatch.spec import APPLY, Site, Verdict, unsupported
 
 MODULE = "vllm_ascend.ops.rope_dsv4"
@@ -54,10 +54,9 @@ SCALING_KEYWORDS = (SWITCH, "original_max_position_embeddings", "original_seq_le
 PRECOMPUTE = "self.precompute_freqs_cis("
 
 
+@decides(f"{MODULE}:{METHOD}")
+@takes(METHOD, PARAMS)
 def rope_rule(init: Code) -> Verdict:
-    """Decide on ``ComplexExpRotaryEmbedding.__init__``."""
-    if init.params != PARAMS:
-        return unsupported(f"{METHOD}({', '.join(PARAMS)})", f"{METHOD}({', '.join(init.params or ())})")
     if not init.has(PRECOMPUTE):
         return unsupported(f"{METHOD} computing its table with {PRECOMPUTE[:-1]}", "another table")
     return APPLY
@@ -102,12 +101,9 @@ PATCHES = [
     wrapping_patch(
         "ascend.dsv4_rope_plain_swa",
         "DeepSeek-V4's sliding-window-only layers get plain RoPE, not YaRN-scaled frequencies.",
-        target=f"{MODULE}:{METHOD}",
         rule=rope_rule,
         wrap=_wrap,
-        reads=("vllm_ascend/ops/rope_dsv4.py",),
-        reference="https://github.com/verl-project/verl-ascend-recipe",
-        groups=("dsv4", "ascend"),
-        default=False,
+        opt_in="dsv4",
+        reference=RECIPE,
     ),
 ]

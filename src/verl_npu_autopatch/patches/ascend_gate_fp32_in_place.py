@@ -16,13 +16,12 @@ changed shape, keeps the new one). Opt-in: only DeepSeek-V4's gate carries the f
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 LINEAR = "vllm_ascend.ops.linear"
 METHOD = "AscendUnquantizedLinearMethod.process_weights_after_loading"
@@ -31,11 +30,8 @@ REBIND = "layer.weight_fp32="
 IN_PLACE = ('replace_parameter(layer,"weight_fp32"', "prefer_copy=True")
 
 
+@decides(f"{LINEAR}:{METHOD}", PARAMS)
 def gate_rule(code: Code) -> Verdict:
-    """Decide on ``AscendUnquantizedLinearMethod.process_weights_after_loading``."""
-    mismatch = params_mismatch(code, PARAMS, "process_weights_after_loading")
-    if mismatch:
-        return mismatch
     if code.has(*IN_PLACE):
         return fixed_upstream(
             'process_weights_after_loading already calls replace_parameter(layer, "weight_fp32", ..., prefer_copy=True)'
@@ -59,33 +55,27 @@ def _same_layout(old: Any, new: Any) -> bool:
     )
 
 
-def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def process_weights_after_loading(self: Any, layer: Any, *args: Any, **kwargs: Any) -> Any:
-        held: Any = getattr(layer, "weight_fp32", None)
-        result = original(self, layer, *args, **kwargs)
-        made = getattr(layer, "weight_fp32", None)
-        if _same_layout(held, made):
-            import torch
+def process_weights(original: Callable[..., Any], self: Any, layer: Any, *args: Any, **kwargs: Any) -> Any:
+    """The release's method; a gate of the held layout is then copied into the held tensor."""
+    held: Any = getattr(layer, "weight_fp32", None)
+    result = original(self, layer, *args, **kwargs)
+    made = getattr(layer, "weight_fp32", None)
+    if _same_layout(held, made):
+        import torch
 
-            with torch.no_grad():
-                held.copy_(made)
-            layer.weight_fp32 = held
-        return result
-
-    return process_weights_after_loading
+        with torch.no_grad():
+            held.copy_(made)
+        layer.weight_fp32 = held
+    return result
 
 
 PATCHES = [
     wrapping_patch(
         "ascend.gate_fp32_in_place",
         "A weight sync copies DeepSeek-V4's new fp32 router gate into the tensor captured graphs hold.",
-        target=f"{LINEAR}:{METHOD}",
         rule=gate_rule,
-        wrap=_wrap,
-        reads=("vllm_ascend/ops/linear.py",),
-        reference="https://github.com/verl-project/verl-ascend-recipe",
-        groups=("dsv4", "ascend"),
-        default=False,
+        wrap=around(process_weights),
+        opt_in="dsv4",
+        reference=RECIPE,
     ),
 ]

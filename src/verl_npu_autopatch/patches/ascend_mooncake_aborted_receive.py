@@ -32,13 +32,12 @@ for disaggregated serving. Decided from the code: a ``request_finished`` that al
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 MODULE = "vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector"
 PARAMS = ("self", "request", "block_ids")
@@ -49,11 +48,8 @@ DECODE_SIDE = 'params.get("do_remote_decode")'
 CAPPED = "request.status!=RequestStatus.FINISHED_LENGTH_CAPPED"
 
 
+@decides(f"{MODULE}:MooncakeConnectorScheduler.request_finished", PARAMS)
 def finished_rule(code: Code) -> Verdict:
-    """Decide on ``MooncakeConnectorScheduler.request_finished``."""
-    mismatch = params_mismatch(code, PARAMS, "request_finished")
-    if mismatch:
-        return mismatch
     if code.has(QUEUED):
         return fixed_upstream("request_finished replaces a receive queued before the abort itself")
     if not code.has(DECODE_SIDE, CAPPED):
@@ -71,17 +67,17 @@ def receive_pending(scheduler: Any, request: Any) -> bool:
     )
 
 
-def _finished(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def request_finished(self: Any, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
-        if not receive_pending(self, request):
-            return original(self, request, block_ids)
-        nothing: tuple[list[int], ...] = tuple([] for _ in self.kv_cache_groups)
-        self._reqs_need_recv[request.request_id] = (request, nothing, nothing, 0)
-        request.kv_transfer_params["do_remote_prefill"] = False
-        return False, None
-
-    return request_finished
+def request_finished(
+    original: Callable[..., Any], self: Any, request: Any, block_ids: Any
+) -> tuple[bool, dict[str, Any] | None]:
+    """The release's ``request_finished``, but a request still waiting for its KV queues an empty
+    receive and frees its blocks now."""
+    if not receive_pending(self, request):
+        return original(self, request, block_ids)
+    nothing: tuple[list[int], ...] = tuple([] for _ in self.kv_cache_groups)
+    self._reqs_need_recv[request.request_id] = (request, nothing, nothing, 0)
+    request.kv_transfer_params["do_remote_prefill"] = False
+    return False, None
 
 
 PATCHES = [
@@ -89,12 +85,9 @@ PATCHES = [
         "ascend.mooncake_aborted_receive",
         "vllm-ascend's Mooncake connector signals DONE_RECVING for an aborted remote-prefill request "
         "and never pulls KV into the blocks the abort freed.",
-        target=f"{MODULE}:MooncakeConnectorScheduler.request_finished",
         rule=finished_rule,
-        wrap=_finished,
-        reads=("vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py",),
-        reference="https://github.com/verl-project/verl-ascend-recipe",
-        groups=("pd_disaggregation", "ascend"),
-        default=False,
+        wrap=around(request_finished),
+        opt_in="pd_disaggregation",
+        reference=RECIPE,
     ),
 ]

@@ -23,13 +23,12 @@ here (see docs/ascend-recipes.md). Opt-in (group ``pd_disaggregation``). Decided
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 MODULE = "vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector"
 PARAMS = ("self", "request")
@@ -39,11 +38,8 @@ DROPS = ("request._all_token_ids.pop()", f'params["{MARK}"]=True')
 REHASH = "update_block_hashes"
 
 
+@decides(f"{MODULE}:MooncakeConnectorScheduler._truncate_request_for_prefill", PARAMS)
 def truncate_rule(code: Code) -> Verdict:
-    """Decide on ``MooncakeConnectorScheduler._truncate_request_for_prefill``."""
-    mismatch = params_mismatch(code, PARAMS, "_truncate_request_for_prefill")
-    if mismatch:
-        return mismatch
     if code.has(REHASH):
         return fixed_upstream("_truncate_request_for_prefill rebuilds the block hashes itself")
     if not code.has(*DROPS):
@@ -53,17 +49,14 @@ def truncate_rule(code: Code) -> Verdict:
     return APPLY
 
 
-def _truncate(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def _truncate_request_for_prefill(self: Any, request: Any) -> None:
-        params = request.kv_transfer_params
-        before = params is not None and bool(params.get(MARK))
-        original(self, request)
-        if params is not None and not before and params.get(MARK):
-            request.block_hashes.clear()
-            request.update_block_hashes()
-
-    return _truncate_request_for_prefill
+def truncate_request(original: Callable[..., Any], self: Any, request: Any) -> None:
+    """The release's truncation; when this call truncated the request, its hashes rebuilt."""
+    params = request.kv_transfer_params
+    before = params is not None and bool(params.get(MARK))
+    original(self, request)
+    if params is not None and not before and params.get(MARK):
+        request.block_hashes.clear()
+        request.update_block_hashes()
 
 
 PATCHES = [
@@ -71,12 +64,9 @@ PATCHES = [
         "ascend.mooncake_truncate_rehash",
         "vllm-ascend's Mooncake connector rebuilds a prefill-side request's block hashes after "
         "dropping its last prompt token.",
-        target=f"{MODULE}:MooncakeConnectorScheduler._truncate_request_for_prefill",
         rule=truncate_rule,
-        wrap=_truncate,
-        reads=("vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py",),
-        reference="https://github.com/verl-project/verl-ascend-recipe",
-        groups=("pd_disaggregation", "ascend"),
-        default=False,
+        wrap=around(truncate_request),
+        opt_in="pd_disaggregation",
+        reference=RECIPE,
     ),
 ]

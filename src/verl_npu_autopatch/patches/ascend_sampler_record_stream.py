@@ -22,8 +22,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
+from verl_npu_autopatch.patches._family import decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patching import definition
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
@@ -37,11 +37,8 @@ USE = "probs.div_(q)"
 RECORD = "q.record_stream(torch.npu.current_stream())"
 
 
+@decides(f"{SAMPLER}:random_sample", PARAMS)
 def sampler_rule(code: Code) -> Verdict:
-    """Decide on ``random_sample``."""
-    mismatch = params_mismatch(code, PARAMS, "random_sample")
-    if mismatch:
-        return mismatch
     if code.has(RECORD):
         return fixed_upstream("random_sample already calls q.record_stream(torch.npu.current_stream())")
     if not code.has(SIDE, WAIT, USE):
@@ -77,11 +74,8 @@ PATCHES = [
     wrapping_patch(
         "ascend.sampler_record_stream",
         "vllm-ascend random_sample records its side-stream tensor q on the consuming stream.",
-        target=f"{SAMPLER}:random_sample",
         rule=sampler_rule,
         wrap=lambda site, original: with_record_stream(original),
-        reads=("vllm_ascend/sample/sampler.py",),
         reference="https://github.com/vllm-project/vllm-ascend/pull/13394",
-        groups=("ascend",),
     ),
 ]

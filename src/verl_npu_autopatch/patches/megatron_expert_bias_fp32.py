@@ -24,13 +24,13 @@ itself is taken as fixed upstream.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
+from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patching import signature_text
+from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 MODULE = "megatron.core.transformer.module"
 BUFFER = "expert_bias"
@@ -38,10 +38,10 @@ BUFFER = "expert_bias"
 CASTS = ("module.bfloat16()", "module.half()")
 
 
+@decides(f"{MODULE}:Float16Module.__init__")
 def float16_rule(init: Code) -> Verdict:
-    """Decide on ``Float16Module.__init__``."""
     if init.params is not None and init.params[:3] != ("self", "config", "module"):
-        return unsupported("Float16Module.__init__(self, config, module)", f"__init__({', '.join(init.params)})")
+        return unsupported("Float16Module.__init__(self, config, module)", f"__init__{signature_text(init.params)}")
     if init.has(BUFFER):
         return fixed_upstream("Float16Module.__init__ handles expert_bias itself")
     if not any(init.has(cast) for cast in CASTS):
@@ -69,25 +69,21 @@ def restore(held: list[tuple[Any, Any]]) -> None:
             sub._buffers[BUFFER] = tensor
 
 
-def _init(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def __init__(self: Any, config: Any, module: Any, *args: Any, **kwargs: Any) -> None:
-        held = fp32_expert_biases(module)
-        original(self, config, module, *args, **kwargs)
-        restore(held)
-
-    return __init__
+def keep_fp32_biases(
+    original: Callable[..., Any], self: Any, config: Any, module: Any, *args: Any, **kwargs: Any
+) -> None:
+    """The release's ``Float16Module.__init__``, the fp32 expert biases noted before and put back after."""
+    held = fp32_expert_biases(module)
+    original(self, config, module, *args, **kwargs)
+    restore(held)
 
 
 PATCHES = [
     wrapping_patch(
         "megatron.expert_bias_fp32",
         "Float16Module keeps the MoE router's expert_bias buffer in fp32 (the same tensor, unrounded).",
-        target=f"{MODULE}:Float16Module.__init__",
         rule=float16_rule,
-        wrap=_init,
-        reads=("megatron/core/transformer/module.py",),
-        reference="https://github.com/verl-project/verl-ascend-recipe",
-        groups=("megatron",),
+        wrap=around(keep_fp32_biases),
+        reference=RECIPE,
     ),
 ]

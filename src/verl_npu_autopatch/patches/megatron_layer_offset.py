@@ -27,9 +27,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_fix
+from verl_npu_autopatch.patches._family import RECIPE, copied_into, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patching import signature_text
+from verl_npu_autopatch.spec import APPLY, Site, Target, Verdict, fixed_upstream, unsupported
 
 MODULE = "megatron.core.transformer.transformer_layer"
 FUNCTION = "get_transformer_layer_offset"
@@ -50,11 +51,11 @@ COPIERS = (
 )
 
 
+@decides(f"{MODULE}:{FUNCTION}")
 def offset_rule(code: Code) -> Verdict:
-    """Decide on ``get_transformer_layer_offset``."""
     params = code.params or ()
     if params != PARAMS[: len(params)] or not params:
-        return unsupported(f"{FUNCTION}(config[, vp_stage[, pp_rank]])", f"{FUNCTION}({', '.join(params)})")
+        return unsupported(f"{FUNCTION}(config[, vp_stage[, pp_rank]])", f"{FUNCTION}{signature_text(params)}")
     if code.has(FIELD):
         return fixed_upstream(f"{FUNCTION} reads {FIELD} itself")
     if code.has(RANK):
@@ -86,13 +87,6 @@ def uneven_offset(config: Any, rank: int) -> int | None:
     return sum(sizes[:rank]) if 0 <= rank < len(sizes) else None
 
 
-def _check(site: Site) -> Verdict:
-    verdict = offset_rule(Code.live(site.value))
-    if verdict.action == "apply" and getattr(site.module, "parallel_state", None) is None:
-        return unsupported(f"{MODULE}.parallel_state", "none")
-    return verdict
-
-
 def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
     state = site.module.parallel_state
 
@@ -110,35 +104,22 @@ def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
     return get_transformer_layer_offset
 
 
-def _static(tree: UpstreamTree) -> Verdict:
-    verdict = tree.judge(MODULE, FUNCTION, offset_rule)
-    source = tree.module(MODULE)
-    if verdict.action == "apply" and (source is None or not source.binds("parallel_state")):
-        return unsupported(f"{MODULE}.parallel_state", "none")
-    return verdict
-
-
 def _note(tree: UpstreamTree) -> str | None:
     """How many of :data:`COPIERS` copy the function in a release (the copies the engine rebinds)."""
-    found = [name for name in COPIERS if (source := tree.module(name)) and source.imports_from(MODULE, FUNCTION)]
+    found = copied_into(tree, COPIERS, Target(MODULE, FUNCTION))
     return f"copied by `from ... import` into {len(found)} modules" if found else None
 
 
 PATCHES = [
-    Patch(
-        name="megatron.layer_offset",
-        summary="get_transformer_layer_offset follows MindSpeed-LLM's uneven num_layer_list "
-        "(a prefix sum), copies included.",
-        reference="https://github.com/verl-project/verl-ascend-recipe",
-        groups=("megatron",),
-        targets=(Target(MODULE, FUNCTION),),
-        check=_check,
-        fix=wrapping_fix(_wrap),
+    wrapping_patch(
+        "megatron.layer_offset",
+        "get_transformer_layer_offset follows MindSpeed-LLM's uneven num_layer_list (a prefix sum), copies included.",
+        rule=offset_rule,
+        needs="parallel_state",
+        wrap=_wrap,
         copies=("megatron",),
-        static=StaticRule(
-            _static,
-            reads=(f"{MODULE.replace('.', '/')}.py", *(f"{name.replace('.', '/')}.py" for name in COPIERS)),
-            note=_note,
-        ),
+        copiers=COPIERS,
+        note=_note,
+        reference=RECIPE,
     ),
 ]

@@ -13,14 +13,13 @@ branch with ``self.mtp_process`` instead (``unsupported``: the fix was not writt
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
+from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patches._verl import yield_to_verl
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 GPT = "megatron.core.models.gpt.gpt_model"
 TRUTHY = "ifself.config.mtp_num_layers:"
@@ -28,8 +27,8 @@ NOT_NONE = "ifself.config.mtp_num_layersisnotNone:"
 CLONE = "labels.clone()"
 
 
+@decides(f"{GPT}:GPTModel._postprocess")
 def postprocess_rule(postprocess: Code) -> Verdict:
-    """Decide on ``GPTModel._postprocess``."""
     source = postprocess.source or ""
     if TRUTHY in source:
         return fixed_upstream("_postprocess tests mtp_num_layers for truth: 0 skips the MTP branch")
@@ -41,32 +40,26 @@ def postprocess_rule(postprocess: Code) -> Verdict:
     return unsupported("_postprocess entering MTP on `mtp_num_layers is not None`, then labels.clone()", found)
 
 
-def _postprocess(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def _postprocess(self: Any, *args: Any, **kwargs: Any) -> Any:
-        config = self.config
-        layers = config.mtp_num_layers
-        if layers is None or layers:
-            return original(self, *args, **kwargs)
-        config.mtp_num_layers = None  # 0 means "no MTP": take the branch-free path
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            config.mtp_num_layers = layers
-
-    return _postprocess
+def postprocess(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    """The release's ``_postprocess``, ``mtp_num_layers == 0`` hidden as ``None`` for the call."""
+    config = self.config
+    layers = config.mtp_num_layers
+    if layers is None or layers:
+        return original(self, *args, **kwargs)
+    config.mtp_num_layers = None  # 0 means "no MTP": take the branch-free path
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        config.mtp_num_layers = layers
 
 
 PATCHES = [
     wrapping_patch(
         "megatron.mtp_postprocess",
         "GPTModel._postprocess treats mtp_num_layers == 0 as no MTP (no labels.clone() on None labels).",
-        target=f"{GPT}:GPTModel._postprocess",
         rule=postprocess_rule,
-        wrap=_postprocess,
-        reads=("megatron/core/models/gpt/gpt_model.py",),
+        wrap=around(postprocess),
         reference="https://github.com/verl-project/verl/pull/6374",
-        groups=("megatron",),
         yields_to=(yield_to_verl(),),  # verl's own copy (equivalent) replaces or wraps ours
     ),
 ]

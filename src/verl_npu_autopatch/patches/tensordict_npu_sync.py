@@ -15,8 +15,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree, params_mismatch
+from verl_npu_autopatch.patches._family import decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree
 from verl_npu_autopatch.patches._verl import yield_to_verl
 from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
@@ -30,11 +30,8 @@ GENERIC = ("_get_available_device_type()", "_get_device_module(", ".synchronize(
 CUDA_MPS_ONLY = ("ifself._has_cuda:", "torch.cuda.synchronize()", "elifself._has_mps:", "mps.synchronize()")
 
 
+@decides(f"{BASE}:TensorDictBase._sync_all", SYNC_PARAMS)
 def sync_rule(sync: Code) -> Verdict:
-    """Decide on ``TensorDictBase._sync_all``."""
-    mismatch = params_mismatch(sync, SYNC_PARAMS, "_sync_all")
-    if mismatch:
-        return mismatch
     if sync.has(*GENERIC):
         return fixed_upstream("_sync_all synchronizes the available device's module (torch._utils._get_device_module)")
     if sync.has(*CUDA_MPS_ONLY):
@@ -86,13 +83,11 @@ PATCHES = [
     wrapping_patch(
         "tensordict.npu_sync",
         "TensorDictBase._sync_all synchronizes the NPU after non-blocking copies, not only CUDA/MPS.",
-        target=f"{BASE}:TensorDictBase._sync_all",
         rule=sync_rule,
         wrap=_sync_all,
         reads=("tensordict/base.py", "tensordict/_base/device.py"),
         static=_static,
         reference="https://github.com/pytorch/tensordict/issues/725",
-        groups=("tensordict",),
         yields_to=(yield_to_verl(),),  # verl's own copy (equivalent) replaces or wraps ours
     ),
 ]

@@ -14,14 +14,13 @@ source and records ``fixed-upstream``; transformers 4.57.6 (verl's Ascend images
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
+from verl_npu_autopatch.patches._family import around, code_check, wrapping_fix
+from verl_npu_autopatch.patches._fingerprints import Code, takes
 from verl_npu_autopatch.patches._verl import yield_to_verl
-from verl_npu_autopatch.patching import replace_method
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Patch, Target, Verdict, fixed_upstream, unsupported
 
 REFERENCE = "https://github.com/verl-project/verl/issues/5498"
 PARAMS = ("self", "hidden_states", "visual_pos_masks", "visual_embeds")
@@ -31,11 +30,9 @@ IN_PLACE = "hidden_states[visual_pos_masks,:]=local_this"
 MODELS = {"qwen3_vl": "Qwen3VLTextModel", "qwen3_vl_moe": "Qwen3VLMoeTextModel"}
 
 
+@takes("_deepstack_process", PARAMS)
 def deepstack_rule(process: Code) -> Verdict:
     """Decide on ``<TextModel>._deepstack_process``."""
-    mismatch = params_mismatch(process, PARAMS, "_deepstack_process")
-    if mismatch:
-        return mismatch
     if process.has(CLONED):
         return fixed_upstream("_deepstack_process clones hidden_states before the masked write")
     if not process.has(IN_PLACE):
@@ -45,19 +42,11 @@ def deepstack_rule(process: Code) -> Verdict:
     return APPLY
 
 
-def _check(site: Site) -> Verdict:
-    return deepstack_rule(Code.live(site.value))
-
-
-def _fix(site: Site) -> Undo:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def _deepstack_process(self: Any, hidden_states: Any, visual_pos_masks: Any, visual_embeds: Any) -> Any:
-            return original(self, hidden_states.clone(), visual_pos_masks, visual_embeds)
-
-        return _deepstack_process
-
-    return replace_method(site.owner, site.attribute, make, site.patch.name)
+def deepstack_process(
+    original: Callable[..., Any], self: Any, hidden_states: Any, visual_pos_masks: Any, visual_embeds: Any
+) -> Any:
+    """The release's ``_deepstack_process`` writing into a clone of ``hidden_states``."""
+    return original(self, hidden_states.clone(), visual_pos_masks, visual_embeds)
 
 
 def _patch(family: str, cls: str) -> Patch:
@@ -69,8 +58,8 @@ def _patch(family: str, cls: str) -> Patch:
         reference=REFERENCE,
         groups=("transformers", f"transformers.{family}"),
         targets=(Target.parse(f"{module}:{cls}._deepstack_process"),),
-        check=_check,
-        fix=_fix,
+        check=code_check(deepstack_rule),
+        fix=wrapping_fix(around(deepstack_process)),
         yields_to=(yield_to_verl(),),  # verl's own copy (equivalent), should a release carry one
     )
 

@@ -27,9 +27,9 @@ import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
-from verl_npu_autopatch.patches._family import wrapping_fix
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, params_mismatch
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patches._family import decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
 MODULE = "verl.utils.tensordict_utils"
 FUNCTION = "maybe_fix_3d_position_ids"
@@ -43,11 +43,8 @@ LAYOUT_AWARE = (".offsets()", ".values()", "nested_tensor_from_")
 Layout = Literal["canonical", "sequence-packed", "channel-packed", "unknown"]
 
 
+@decides(f"{MODULE}:{FUNCTION}", ("data",))
 def position_ids_rule(code: Code) -> Verdict:
-    """Decide on ``maybe_fix_3d_position_ids``."""
-    mismatch = params_mismatch(code, ("data",), FUNCTION)
-    if mismatch:
-        return mismatch
     if any(code.has(needle) for needle in LAYOUT_AWARE):
         return fixed_upstream(f"{FUNCTION} reads the nested layout (offsets / values) or rebuilds the tensor")
     if code.has(BLIND):
@@ -66,13 +63,6 @@ def layout(values_shape: tuple[int, ...], total: int, ragged_idx: int) -> Layout
     if values_shape[0] == total:
         return "channel-packed"
     return "sequence-packed" if values_shape[1] == total else "unknown"
-
-
-def _check(site: Site) -> Verdict:
-    verdict = position_ids_rule(Code.live(site.value))
-    if verdict.action == "apply" and not callable(getattr(site.module, BUILDER, None)):
-        return unsupported(f"{MODULE}.{BUILDER}", "none")
-    return verdict
 
 
 def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -97,41 +87,19 @@ def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
     return maybe_fix_3d_position_ids
 
 
-def _static(tree: UpstreamTree) -> Verdict:
-    verdict = tree.judge(MODULE, FUNCTION, position_ids_rule)
-    source = tree.module(MODULE)
-    if verdict.action == "apply" and (source is None or not source.binds(BUILDER)):
-        return unsupported(f"{MODULE}.{BUILDER}", "none")
-    return verdict
-
-
 #: verl's modules that take the function by name (``from ... import``), as the releases read have them.
 COPIERS = ("verl.workers.engine_workers", "verl.workers.engine.base", "verl.workers.engine_workers_tinker")
 
 
-def _note(tree: UpstreamTree) -> str | None:
-    """Which of :data:`COPIERS` copy the function in a release (the copies the engine rebinds)."""
-    found = [name for name in COPIERS if (source := tree.module(name)) and source.imports_from(MODULE, FUNCTION)]
-    return f"copied by `from ... import` into {', '.join(found)}" if found else None
-
-
 PATCHES = [
-    Patch(
-        name="verl.3d_position_ids",
-        summary="verl's maybe_fix_3d_position_ids repairs 3-D (mRoPE) position ids by their layout, copies included.",
-        reference="https://github.com/verl-project/verl/issues/7899",
-        groups=("verl",),
-        targets=(Target(MODULE, FUNCTION),),
-        check=_check,
-        fix=wrapping_fix(_wrap),
+    wrapping_patch(
+        "verl.3d_position_ids",
+        "verl's maybe_fix_3d_position_ids repairs 3-D (mRoPE) position ids by their layout, copies included.",
+        rule=position_ids_rule,
+        needs=BUILDER,
+        wrap=_wrap,
         copies=("verl",),
-        static=StaticRule(
-            _static,
-            reads=(
-                "verl/utils/tensordict_utils.py",
-                *(f"{name.replace('.', '/')}.py" for name in COPIERS),
-            ),
-            note=_note,
-        ),
+        copiers=COPIERS,
+        reference="https://github.com/verl-project/verl/issues/7899",
     ),
 ]

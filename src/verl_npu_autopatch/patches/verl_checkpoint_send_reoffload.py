@@ -19,13 +19,12 @@ module imports it), as the
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
+from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 MODULE = "verl.workers.engine_workers"
 SEND = "awaitself.checkpoint_engine.send_weights(per_tensor_param"
@@ -34,6 +33,7 @@ OFFLOAD = 'engine.to("cpu"'
 LEFT_ALONE = ("naive", "delta_sharded")
 
 
+@decides(f"{MODULE}:ActorRolloutRefWorker.update_weights")
 def reoffload_rule(code: Code) -> Verdict:
     """Decide on ``ActorRolloutRefWorker.update_weights``: what follows the per-tensor send up to its
     ``return``."""
@@ -47,31 +47,25 @@ def reoffload_rule(code: Code) -> Verdict:
     return APPLY
 
 
-def _reoffload(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    async def update_weights(self: Any, global_steps: Any = None, mode: str = "auto") -> Any:
-        result = await original(self, global_steps=global_steps, mode=mode)
-        effective = mode if mode != "auto" else self.config.rollout.checkpoint_engine.backend
-        engine = self.actor.engine
-        if effective not in LEFT_ALONE and engine.is_param_offload_enabled:
-            engine.to("cpu", model=True, optimizer=False, grad=False)
-            free = original.__globals__.get("aggressive_empty_cache")  # verl's, imported by the module
-            if free is not None:
-                free(force_sync=True)
-        return result
-
-    return update_weights
+async def update_weights(original: Callable[..., Any], self: Any, global_steps: Any = None, mode: str = "auto") -> Any:
+    """The release's ``update_weights``; then, on a checkpoint-engine path, the actor offloaded again."""
+    result = await original(self, global_steps=global_steps, mode=mode)
+    effective = mode if mode != "auto" else self.config.rollout.checkpoint_engine.backend
+    engine = self.actor.engine
+    if effective not in LEFT_ALONE and engine.is_param_offload_enabled:
+        engine.to("cpu", model=True, optimizer=False, grad=False)
+        free = original.__globals__.get("aggressive_empty_cache")  # verl's, imported by the module
+        if free is not None:
+            free(force_sync=True)
+    return result
 
 
 PATCHES = [
     wrapping_patch(
         "verl.checkpoint_send_reoffload",
         "verl's actor is offloaded again after a checkpoint-engine weight send (parameter offload on).",
-        target=f"{MODULE}:ActorRolloutRefWorker.update_weights",
         rule=reoffload_rule,
-        wrap=_reoffload,
-        reads=("verl/workers/engine_workers.py",),
+        wrap=around(update_weights),
         reference="https://github.com/verl-project/verl/pull/7631",
-        groups=("verl",),
     ),
 ]

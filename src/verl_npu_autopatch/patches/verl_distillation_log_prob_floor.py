@@ -27,21 +27,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from verl_npu_autopatch.patches._family import code_check, judged
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
+from verl_npu_autopatch.patches._family import decides, rule_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patching import chain, replace_method, set_entry
-from verl_npu_autopatch.spec import (
-    APPLY,
-    ComputedSites,
-    Patch,
-    Site,
-    StaticRule,
-    Target,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
-)
+from verl_npu_autopatch.spec import APPLY, ComputedSites, Site, Undo, Verdict, fixed_upstream, unsupported
 
 MODULE = "verl.trainer.distillation.losses"
 FUNCTION = "compute_distillation_loss_reverse_kl_estimator"
@@ -51,11 +40,8 @@ PARAMS = ("config", "distillation_config", "model_output", "data")
 UNFLOORED = ('model_output["log_probs"]', 'data["teacher_logprobs"]', "kl_penalty(logprob=student_log_probs")
 
 
+@decides(f"{MODULE}:{FUNCTION}", PARAMS)
 def estimator_rule(code: Code) -> Verdict:
-    """Decide on ``compute_distillation_loss_reverse_kl_estimator``."""
-    mismatch = params_mismatch(code, PARAMS, FUNCTION)
-    if mismatch:
-        return mismatch
     if code.has("log_prob_min_clamp"):
         return fixed_upstream(f"{FUNCTION} already floors the log-probabilities at log_prob_min_clamp")
     if not code.has(*UNFLOORED):
@@ -98,18 +84,14 @@ def _fix(site: Site) -> Undo:
     return chain(undo, *(set_entry(table, key, installed) for key in keys))
 
 
-TARGET = Target.parse(f"{MODULE}:{FUNCTION}")
-
 PATCHES = [
-    Patch(
-        name="verl.distillation_log_prob_floor",
-        summary="verl's reverse-KL estimator distillation loss floors -inf log-probs at log_prob_min_clamp (no NaN).",
-        reference="https://github.com/verl-project/verl/pull/7333",
-        groups=("verl", "distillation"),
-        targets=(TARGET,),
-        computed=(ComputedSites(MODULE, f"{REGISTRY}[<estimator loss name>]", registry_sites),),
-        check=code_check(estimator_rule),
+    rule_patch(
+        "verl.distillation_log_prob_floor",
+        "verl's reverse-KL estimator distillation loss floors -inf log-probs at log_prob_min_clamp (no NaN).",
+        rule=estimator_rule,
         fix=_fix,
-        static=StaticRule(judged(TARGET, estimator_rule), reads=("verl/trainer/distillation/losses.py",)),
+        computed=(ComputedSites(MODULE, f"{REGISTRY}[<estimator loss name>]", registry_sites),),
+        groups=("verl", "distillation"),
+        reference="https://github.com/verl-project/verl/pull/7333",
     ),
 ]

@@ -20,16 +20,15 @@ fixed upstream.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
+from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 MODULE = "verl.utils.device"
 VARIABLE = "ASCEND_VISIBLE_DEVICES"
@@ -38,8 +37,8 @@ MAPPING = '"info","-m"'
 _LOCK = threading.Lock()
 
 
+@decides(f"{MODULE}:get_npu_versions")
 def probe_rule(code: Code) -> Verdict:
-    """Decide on ``get_npu_versions``."""
     if code.has(MAPPING):
         return fixed_upstream("get_npu_versions reads the NPU id mapping (npu-smi info -m) itself")
     if not code.has(CARD_ONE):
@@ -83,32 +82,26 @@ def _naming(card: int) -> Iterator[None]:
                 os.environ[VARIABLE] = before
 
 
-def _probe(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
+def get_npu_versions(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """verl's probe; when ``npu-smi`` fails on card 1, again with the first visible card named."""
     import subprocess
 
-    @functools.wraps(original)
-    def get_npu_versions(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(*args, **kwargs)
-        except subprocess.CalledProcessError:
-            card = visible_card()
-            if card is None:
-                raise
-        with _naming(card):
-            return original(*args, **kwargs)
-
-    return get_npu_versions
+    try:
+        return original(*args, **kwargs)
+    except subprocess.CalledProcessError:
+        card = visible_card()
+        if card is None:
+            raise
+    with _naming(card):
+        return original(*args, **kwargs)
 
 
 PATCHES = [
     wrapping_patch(
         "verl.npu_version_probe",
         "verl's get_npu_versions probes the first NPU npu-smi lists when card 1 is not in the container.",
-        target=f"{MODULE}:get_npu_versions",
         rule=probe_rule,
-        wrap=_probe,
-        reads=("verl/utils/device.py",),
+        wrap=around(get_npu_versions),
         reference="https://github.com/verl-project/verl/issues/6756",
-        groups=("verl",),
     ),
 ]

@@ -15,13 +15,12 @@ class is gone from the vLLM releases most users run now.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 CAPTURER = "vllm.model_executor.layers.fused_moe.routed_experts_capturer"
 METHOD = "RoutedExpertsManager.store_batch"
@@ -30,11 +29,8 @@ STORE = "self.routed_experts_by_slot[slot_mapping]=data"
 MASKED = ("slot_mapping>=0", "slot_mapping<0")
 
 
+@decides(f"{CAPTURER}:{METHOD}", PARAMS)
 def slots_rule(code: Code) -> Verdict:
-    """Decide on ``RoutedExpertsManager.store_batch``."""
-    mismatch = params_mismatch(code, PARAMS, "store_batch")
-    if mismatch:
-        return mismatch
     if any(code.has(mask) for mask in MASKED):
         return fixed_upstream("store_batch already masks negative slot ids")
     if not code.has(STORE):
@@ -42,27 +38,21 @@ def slots_rule(code: Code) -> Verdict:
     return APPLY
 
 
-def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def store_batch(self: Any, data: Any, slot_mapping: Any) -> Any:
-        real = slot_mapping >= 0  # numpy arrays, as the scheduler passes them
-        if not real.all():  # padding rows (slot id -1) would land in the last slot
-            data, slot_mapping = data[real], slot_mapping[real]
-        return original(self, data, slot_mapping)
-
-    return store_batch
+def store_batch(original: Callable[..., Any], self: Any, data: Any, slot_mapping: Any) -> Any:
+    """The release's ``store_batch`` on the rows of real slots only."""
+    real = slot_mapping >= 0  # numpy arrays, as the scheduler passes them
+    if not real.all():  # padding rows (slot id -1) would land in the last slot
+        data, slot_mapping = data[real], slot_mapping[real]
+    return original(self, data, slot_mapping)
 
 
 PATCHES = [
     wrapping_patch(
         "vllm.routed_experts_padding_slots",
         "RoutedExpertsManager.store_batch skips padding slot id -1 instead of writing the last slot.",
-        target=f"{CAPTURER}:{METHOD}",
         rule=slots_rule,
-        wrap=_wrap,
-        reads=("vllm/model_executor/layers/fused_moe/routed_experts_capturer.py",),
-        reference="https://github.com/verl-project/verl-ascend-recipe",
-        groups=("router_replay", "vllm"),
-        default=False,
+        wrap=around(store_batch),
+        opt_in="router_replay",
+        reference=RECIPE,
     ),
 ]

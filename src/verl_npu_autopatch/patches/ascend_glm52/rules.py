@@ -5,7 +5,7 @@ release's source, so both decide with the one implementation."""
 
 from __future__ import annotations
 
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
+from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch, takes
 from verl_npu_autopatch.patching import signature_text
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
@@ -24,11 +24,9 @@ DEVICE_OP_FILE = "vllm_ascend/device/device_op.py"
 RMS_PARAMS = ("self", "x", "residual")
 
 
+@takes("forward_oot", RMS_PARAMS)
 def rms_norm_rule(forward_oot: Code) -> Verdict:
     """Decide on ``AscendRMSNorm.forward_oot``."""
-    mismatch = params_mismatch(forward_oot, RMS_PARAMS, "forward_oot")
-    if mismatch:
-        return mismatch
     if forward_oot.has("residual=x+residual", "npu_rms_norm(residual,self.weight"):
         return fixed_upstream("forward_oot already adds the residual explicitly before npu_rms_norm")
     if not forward_oot.has("npu_add_rms_norm"):

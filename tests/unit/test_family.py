@@ -1,0 +1,64 @@
+"""The family skeleton (``patches/_family.py``): what ``decides``, ``around`` and ``wrapping_patch``
+make for every family that states only its rule, its advice and its words."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
+from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.spec import APPLY, Verdict
+
+
+@decides("pkg.mod:Owner.method", ("self", "x"))
+def _rule(code: Code) -> Verdict:
+    return APPLY
+
+
+def test_a_bound_rule_knows_its_target_and_checks_the_signature_first() -> None:
+    assert (_rule.target.module, _rule.target.qualname) == ("pkg.mod", "Owner.method")
+    assert _rule(Code("", ("self", "x"))) is APPLY
+    mismatch = _rule(Code("", ("self",)))
+    assert (mismatch.action, mismatch.reason) == ("unsupported", "expected method(self, x); found method(self)")
+
+
+def _upstream(self: Any, x: int) -> int:
+    """Upstream's method."""
+    return x + 1
+
+
+async def _upstream_async(self: Any, x: int) -> int:
+    return x + 1
+
+
+def _twice(original: Callable[..., Any], self: Any, x: int) -> int:
+    return int(original(self, x)) * 2
+
+
+async def _twice_async(original: Callable[..., Any], self: Any, x: int) -> int:
+    return int(await original(self, x)) * 2
+
+
+def test_around_calls_the_advice_with_the_original_and_keeps_its_metadata() -> None:
+    made = around(_twice)(None, _upstream)  # around needs no site
+    assert made(None, 3) == 8
+    assert (made.__name__, made.__doc__, made.__wrapped__) == ("_upstream", "Upstream's method.", _upstream)
+    assert not inspect.iscoroutinefunction(made)
+
+
+def test_around_an_async_advice_makes_an_async_replacement() -> None:
+    made = around(_twice_async)(None, _upstream_async)
+    assert inspect.iscoroutinefunction(made)  # Ray and verl tell async methods by this
+    assert asyncio.run(made(None, 3)) == 8
+
+
+def test_the_spec_derives_groups_default_and_reads() -> None:
+    opt_in = wrapping_patch("fam.fix", "A fix.", rule=_rule, wrap=around(_twice), opt_in="extra", reference="r")
+    assert (opt_in.groups, opt_in.default) == (("extra", "fam"), False)
+    assert opt_in.static is not None and opt_in.static.reads == ("pkg/mod.py",)
+    on = wrapping_patch("fam.fix", "A fix.", rule=_rule, wrap=around(_twice), copiers=("pkg.user",))
+    assert (on.groups, on.default, on.targets) == (("fam",), True, (_rule.target,))
+    assert on.static is not None and on.static.reads == ("pkg/mod.py", "pkg/user.py")
