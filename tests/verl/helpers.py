@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+import warnings
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -63,3 +67,19 @@ def verl_files(version: str) -> Path:
         return script.verl_root(script.Artifact("verl", version, f"verl-{version}-py3-none-any.whl"))
     except OSError as exc:  # only when PyPI truly cannot be reached
         pytest.skip(f"cannot download verl {version} from PyPI: {exc}")
+
+
+def forget_megatron() -> None:
+    """Drop every ``megatron`` module from ``sys.modules`` (the next import reads another release)."""
+    for name in [n for n in sys.modules if n == "megatron" or n.startswith("megatron.")]:
+        del sys.modules[name]
+
+
+def import_megatron(monkeypatch: pytest.MonkeyPatch, version: str, *names: str) -> list[ModuleType]:
+    """Modules ``names`` of megatron-core ``version``, imported from its wheel's files (any megatron
+    imported before is forgotten first)."""
+    forget_megatron()
+    monkeypatch.syspath_prepend(str(release_package("megatron-core", version)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
+        return [importlib.import_module(name) for name in names]

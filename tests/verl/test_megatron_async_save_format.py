@@ -11,7 +11,6 @@ import io
 import queue
 import sys
 import types
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,17 +19,12 @@ import pytest
 import torch
 from torch.distributed.checkpoint.planner_helpers import _create_write_items
 
-from tests.verl.helpers import record, release_package, start
+from tests.verl.helpers import forget_megatron, import_megatron, record, start
 from verl_npu_autopatch.patches import megatron_async_save_format
 
 NAME = "megatron.async_save_format"
 TENSOR = torch.tensor([1.5, -2.0, 3.25, 7.0])
 BYTES = b"a checkpoint's non-tensor state"
-
-
-def _forget_megatron() -> None:
-    for name in [n for n in sys.modules if n == "megatron" or n.startswith("megatron.")]:
-        del sys.modules[name]
 
 
 def _psutil() -> types.ModuleType:
@@ -45,17 +39,9 @@ def _psutil() -> types.ModuleType:
 def megatron_writer(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Import a megatron-core release's ``filesystem_async`` from its wheel's files; forgets it after."""
 
-    def load(version: str) -> Any:
-        _forget_megatron()
-        monkeypatch.setitem(sys.modules, "psutil", _psutil())
-        monkeypatch.syspath_prepend(str(release_package("megatron-core", version)))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
-            import megatron.core.dist_checkpointing.strategies.filesystem_async as module
-        return module
-
-    yield load
-    _forget_megatron()
+    monkeypatch.setitem(sys.modules, "psutil", _psutil())
+    yield lambda version: import_megatron(monkeypatch, version, megatron_async_save_format.MODULE)[0]
+    forget_megatron()
 
 
 def write(module: Any, folder: Path) -> Any:

@@ -6,15 +6,13 @@ buffers (the CPU torch has no CUDA device)."""
 from __future__ import annotations
 
 import inspect
-import sys
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
-from tests.verl.helpers import record, release_package, start
+from tests.verl.helpers import forget_megatron, import_megatron, record, start
 from verl_npu_autopatch.patches import megatron_expert_bias_fp32
 
 NAME = "megatron.expert_bias_fp32"
@@ -22,25 +20,12 @@ NAME = "megatron.expert_bias_fp32"
 BIAS = torch.tensor([1e-3 + 1e-7, 0.3, -0.2, 1.0001], dtype=torch.float32)
 
 
-def _forget_megatron() -> None:
-    for name in [n for n in sys.modules if n == "megatron" or n.startswith("megatron.")]:
-        del sys.modules[name]
-
-
 @pytest.fixture
 def megatron_release(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Import a megatron-core release from its wheel's files; forgets it after the test."""
 
-    def load(version: str) -> Any:
-        _forget_megatron()
-        monkeypatch.syspath_prepend(str(release_package("megatron-core", version)))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
-            import megatron.core.transformer.module as module
-        return module
-
-    yield load
-    _forget_megatron()
+    yield lambda version: import_megatron(monkeypatch, version, "megatron.core.transformer.module")[0]
+    forget_megatron()
 
 
 def _router_model(monkeypatch: pytest.MonkeyPatch, bf16: bool = True) -> tuple[Any, Any]:

@@ -5,7 +5,6 @@ setters (no process group needed)."""
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Iterator
 from types import ModuleType
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.verl.helpers import record, release_package, start
+from tests.verl.helpers import forget_megatron, import_megatron, record, start
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patches import megatron_layer_offset as family
 from verl_npu_autopatch.patching import marked_by
@@ -26,27 +25,17 @@ VERSIONS = ("0.12.1", "0.16.1", "0.17.0")
 COPIERS = ("megatron.core.transformer.transformer_block", "megatron.core.models.gpt.gpt_layer_specs")
 
 
-def _forget_megatron() -> None:
-    for name in [n for n in sys.modules if n == "megatron" or n.startswith("megatron.")]:
-        del sys.modules[name]
-
-
 @pytest.fixture
 def megatron_layers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Import a release's ``transformer_layer`` and :data:`COPIERS` from its wheel's files (before
     any fix: the copies hold Megatron's function); forgets them after the test."""
 
     def load(version: str) -> dict[str, ModuleType]:
-        _forget_megatron()
-        monkeypatch.syspath_prepend(str(release_package("megatron-core", version)))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
-            for name in (family.MODULE, *COPIERS):
-                __import__(name)
-        return {name: sys.modules[name] for name in (family.MODULE, *COPIERS)}
+        names = (family.MODULE, *COPIERS)
+        return dict(zip(names, import_megatron(monkeypatch, version, *names), strict=True))
 
     yield load
-    _forget_megatron()
+    forget_megatron()
 
 
 def _config(layers: int, stages: int, num_layer_list: Any = None, **extra: Any) -> Any:
