@@ -16,6 +16,7 @@ from tests.ascend.test_ascend_fused_moe_copies import moe  # noqa: F401  (fixtur
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_aborted_receive import connector  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_hybrid_send_counts import hybrid  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_sleep_reregister import sleeping  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_capture import release  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_dp_padding_trim import paired  # noqa: F401  (fixture)
@@ -32,6 +33,7 @@ from verl_npu_autopatch.patches import (
     ascend_glm52,
     ascend_mooncake_aborted_receive,
     ascend_mooncake_hybrid_send_counts,
+    ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
     ascend_routed_experts_capture,
     ascend_routed_experts_dp_padding_trim,
@@ -93,6 +95,18 @@ def test_mooncake_hybrid_send_counts_changes_its_target_and_its_secondary_site(h
         "ascend.mooncake_hybrid_send_counts": {
             f"{name}:MooncakeConnectorWorker.start_load_kv",
             f"{name}:KVCacheRecvingThread.add_request",
+        }
+    }
+
+
+@pytest.mark.parametrize("sleeping", ["0.18.0", "0.30.0rc2"], indirect=True)
+def test_mooncake_sleep_reregister_changes_the_worker_and_the_transfer_engine(sleeping: types.SimpleNamespace) -> None:  # noqa: F811
+    worker, engine = ascend_mooncake_sleep_reregister.WORKER, ascend_mooncake_sleep_reregister.ENGINE
+    assert _applied(ascend_mooncake_sleep_reregister.PATCHES) == {
+        "ascend.mooncake_sleep_reregister": {
+            f"{worker}:NPUWorker.sleep",
+            f"{worker}:NPUWorker.wake_up",
+            f"{engine}:GlobalTE.register_buffer",
         }
     }
 

@@ -15,6 +15,8 @@ from tests.ascend.test_ascend_mooncake_aborted_receive import ALL as ALL_MOONCAK
 from tests.ascend.test_ascend_mooncake_aborted_receive import connector  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_hybrid_send_counts import RELEASES as HYBRID
 from tests.ascend.test_ascend_mooncake_hybrid_send_counts import hybrid  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_sleep_reregister import RELEASES as SLEEPING
+from tests.ascend.test_ascend_mooncake_sleep_reregister import sleeping  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_truncate_rehash import RELEASES as TRUNCATING
 from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
@@ -24,6 +26,7 @@ from verl_npu_autopatch.patches import (
     ascend_gate_fp32_in_place,
     ascend_mooncake_aborted_receive,
     ascend_mooncake_hybrid_send_counts,
+    ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
     ascend_sampler_record_stream,
 )
@@ -85,3 +88,13 @@ def test_mooncake_truncate_rehash(truncating: types.ModuleType, releases: dict, 
 def test_mooncake_hybrid_send_counts(hybrid: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
     (patch,) = ascend_mooncake_hybrid_send_counts.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["hybrid"], releases)
+
+
+@pytest.mark.parametrize("sleeping", SLEEPING, indirect=True)
+def test_mooncake_sleep_reregister(
+    sleeping: types.SimpleNamespace,  # noqa: F811  (the fixture)
+    releases: dict,
+    request: pytest.FixtureRequest,
+) -> None:
+    (patch,) = ascend_mooncake_sleep_reregister.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["sleeping"], releases)

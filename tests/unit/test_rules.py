@@ -17,6 +17,7 @@ from verl_npu_autopatch.patches import (
     ascend_fused_moe_copies,
     ascend_mooncake_aborted_receive,
     ascend_mooncake_hybrid_send_counts,
+    ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
     ascend_routed_experts_capture,
     liger_arbitration,
@@ -132,6 +133,18 @@ CP_ONLY = (
 )
 HYBRID_PULLS = Code("def_get_hybrid_remote_rank_group_pulls(self,req_id,prefill_tp_size):...", ("self", "req_id", "n"))
 ADD_REQUEST = Code("defadd_request(...):...", ("self", "request_id", "remote_request_id", "remote_port_send_num"))
+
+SLEEP_DEF = 'defsleep(self,level=1):allocator=CaMemAllocator.get_instance()allocator.sleep(offload_tags=("weights",))'
+WAKE_UP = Code("defwake_up(self,tags=None):allocator.wake_up(tags=tags)", ("self", "tags"))
+REGISTER_BUFFER = Code(
+    "defregister_buffer(self,ptrs,sizes):ifself.is_register_buffer:return"
+    "forptr,sizeinzip(ptrs,sizes):ret=self.transfer_engine.register_memory(ptr,size)self.is_register_buffer=True",
+    ("self", "ptrs", "sizes"),
+)
+
+
+def reregister(sleep: str, wake_up: Code | None = WAKE_UP, register: Code | None = REGISTER_BUFFER) -> Verdict:
+    return ascend_mooncake_sleep_reregister.reregister_rule(Code(sleep, ("self", "level")), wake_up, register)
 
 
 def send_counts(load: str, pulls: Code | None = HYBRID_PULLS, add: Code | None = ADD_REQUEST) -> Verdict:
@@ -251,6 +264,26 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         lambda: ascend_mooncake_hybrid_send_counts.send_counts_rule(
             Code(CP_ONLY, ("self", "metadata", "n")), HYBRID_PULLS, ADD_REQUEST
         ),
+        "unsupported",
+    ),
+    # ascend.mooncake_sleep_reregister
+    "sleep reregister: 0.23.0 sleep, wake-up, registration": (lambda: reregister(SLEEP_DEF), "apply"),
+    "sleep reregister: sleep unregisters": (
+        lambda: reregister(f"{SLEEP_DEF}global_te.unregister_buffer()"),
+        "fixed-upstream",
+    ),
+    "sleep reregister: no transfer engine there": (lambda: reregister(SLEEP_DEF, register=None), "unsupported"),
+    "sleep reregister: another sleep": (lambda: reregister("defsleep(self,level=1):pass"), "unsupported"),
+    "sleep reregister: wake_up without tags": (
+        lambda: reregister(SLEEP_DEF, wake_up=Code("defwake_up(self):allocator.wake_up()", ("self",))),
+        "unsupported",
+    ),
+    "sleep reregister: another registration": (
+        lambda: reregister(SLEEP_DEF, register=Code("defregister_buffer(self,regions):...", ("self", "regions"))),
+        "unsupported",
+    ),
+    "sleep reregister: other parameters": (
+        lambda: ascend_mooncake_sleep_reregister.reregister_rule(Code(SLEEP_DEF, ("self",)), WAKE_UP, REGISTER_BUFFER),
         "unsupported",
     ),
     # megatron.async_save_format: the writer's call, then torch's function
