@@ -167,7 +167,7 @@ def pulled(module: types.ModuleType, remote_request_id: str) -> list[list[dict]]
 
 def shared_request(module: types.ModuleType) -> str:
     """A request id whose hash makes two decode ranks pull from one prefill rank (the release's
-    own rank choice; about half of all ids do)."""
+    own rank choice; 41 of the first 64 ids do on 0.23.0)."""
     for candidate in (f"remote-{n}" for n in range(64)):
         ports = collections.Counter(e["remote_handshake_port"] for rank in pulled(module, candidate) for e in rank)
         if max(ports.values()) > 1:

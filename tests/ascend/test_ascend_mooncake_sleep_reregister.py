@@ -23,26 +23,15 @@ from typing import Any
 import pytest
 
 from tests.ascend import doubles
+from tests.ascend.test_ascend_mooncake_hybrid_send_counts import RELEASES as HYBRID_RELEASES
 from tests.support import upstream
 from verl_npu_autopatch.patches import ascend_mooncake_sleep_reregister as family
 
 STATE = "ascend.mooncake_sleep_reregister"
 WORKER_PATH = "vllm_ascend/worker/worker.py"
 ENGINE_PATH = "vllm_ascend/distributed/kv_transfer/utils/mooncake_transfer_engine.py"
-#: Every release read with the shared transfer engine (0.18.0 to 0.30.0rc2).
-RELEASES = (
-    "0.18.0",
-    "0.21.0rc1",
-    "0.23.0",
-    "0.23.0.post1",
-    "0.24.0rc1",
-    "0.25.1rc1",
-    "0.26.0rc1",
-    "0.27.1rc1",
-    "0.28.0rc1",
-    "0.29.0rc1",
-    "0.30.0rc2",
-)
+#: Every release read with the shared transfer engine (0.18.0 to 0.30.0rc2): 0.18.0, then those with hybrid transfers.
+RELEASES = ("0.18.0", *HYBRID_RELEASES)
 PACKAGES = (
     "vllm_ascend.worker",
     "vllm_ascend.distributed",
