@@ -44,6 +44,8 @@ FAMILIES: tuple[str, ...] = (
     "ascend_fused_moe_copies",
     "ascend_mooncake_aborted_receive",
     "ascend_mooncake_truncate_rehash",
+    "ascend_mooncake_hybrid_send_counts",
+    "ascend_mooncake_sleep_reregister",
     "vllm_engine_partial_wake_up",
     "verl_defer_duplicates",
     "verl_3d_position_ids",

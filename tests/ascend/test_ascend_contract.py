@@ -15,6 +15,8 @@ from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fi
 from tests.ascend.test_ascend_fused_moe_copies import moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_aborted_receive import connector  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_hybrid_send_counts import hybrid  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_sleep_reregister import sleeping  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_capture import release  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_dp_padding_trim import paired  # noqa: F401  (fixture)
@@ -30,6 +32,8 @@ from verl_npu_autopatch.patches import (
     ascend_gate_fp32_in_place,
     ascend_glm52,
     ascend_mooncake_aborted_receive,
+    ascend_mooncake_hybrid_send_counts,
+    ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
     ascend_routed_experts_capture,
     ascend_routed_experts_dp_padding_trim,
@@ -82,6 +86,29 @@ def test_mooncake_aborted_receive(connector: types.ModuleType) -> None:  # noqa:
 def test_mooncake_truncate_rehash(truncating: types.ModuleType) -> None:  # noqa: F811
     method = f"{truncating.__name__}:MooncakeConnectorScheduler._truncate_request_for_prefill"
     assert _applied(ascend_mooncake_truncate_rehash.PATCHES) == {"ascend.mooncake_truncate_rehash": {method}}
+
+
+@pytest.mark.parametrize("hybrid", ["0.21.0rc1", "0.30.0rc2"], indirect=True)
+def test_mooncake_hybrid_send_counts_changes_its_target_and_its_secondary_site(hybrid: types.ModuleType) -> None:  # noqa: F811
+    name = hybrid.__name__
+    assert _applied(ascend_mooncake_hybrid_send_counts.PATCHES) == {
+        "ascend.mooncake_hybrid_send_counts": {
+            f"{name}:MooncakeConnectorWorker.start_load_kv",
+            f"{name}:KVCacheRecvingThread.add_request",
+        }
+    }
+
+
+@pytest.mark.parametrize("sleeping", ["0.18.0", "0.30.0rc2"], indirect=True)
+def test_mooncake_sleep_reregister_changes_the_worker_and_the_transfer_engine(sleeping: types.SimpleNamespace) -> None:  # noqa: F811
+    worker, engine = ascend_mooncake_sleep_reregister.WORKER, ascend_mooncake_sleep_reregister.ENGINE
+    assert _applied(ascend_mooncake_sleep_reregister.PATCHES) == {
+        "ascend.mooncake_sleep_reregister": {
+            f"{worker}:NPUWorker.sleep",
+            f"{worker}:NPUWorker.wake_up",
+            f"{engine}:GlobalTE.register_buffer",
+        }
+    }
 
 
 @pytest.mark.parametrize("linear", ["0.23.0", "0.27.1rc1"], indirect=True)

@@ -13,6 +13,10 @@ from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fi
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_aborted_receive import ALL as ALL_MOONCAKE
 from tests.ascend.test_ascend_mooncake_aborted_receive import connector  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_hybrid_send_counts import RELEASES as HYBRID
+from tests.ascend.test_ascend_mooncake_hybrid_send_counts import hybrid  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mooncake_sleep_reregister import RELEASES as SLEEPING
+from tests.ascend.test_ascend_mooncake_sleep_reregister import sleeping  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_truncate_rehash import RELEASES as TRUNCATING
 from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
@@ -21,6 +25,8 @@ from verl_npu_autopatch.patches import (
     ascend_dsv4_rope_plain_swa,
     ascend_gate_fp32_in_place,
     ascend_mooncake_aborted_receive,
+    ascend_mooncake_hybrid_send_counts,
+    ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
     ascend_sampler_record_stream,
 )
@@ -76,3 +82,19 @@ def test_mooncake_aborted_receive(connector: types.ModuleType, releases: dict, r
 def test_mooncake_truncate_rehash(truncating: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
     (patch,) = ascend_mooncake_truncate_rehash.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["truncating"], releases)
+
+
+@pytest.mark.parametrize("hybrid", ("0.18.0", *HYBRID), indirect=True)
+def test_mooncake_hybrid_send_counts(hybrid: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_mooncake_hybrid_send_counts.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["hybrid"], releases)
+
+
+@pytest.mark.parametrize("sleeping", SLEEPING, indirect=True)
+def test_mooncake_sleep_reregister(
+    sleeping: types.SimpleNamespace,  # noqa: F811  (the fixture)
+    releases: dict,
+    request: pytest.FixtureRequest,
+) -> None:
+    (patch,) = ascend_mooncake_sleep_reregister.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["sleeping"], releases)

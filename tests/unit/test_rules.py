@@ -16,6 +16,8 @@ from verl_npu_autopatch.patches import (
     ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_mooncake_aborted_receive,
+    ascend_mooncake_hybrid_send_counts,
+    ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
     ascend_routed_experts_capture,
     liger_arbitration,
@@ -124,6 +126,30 @@ DECODE_RETURN = (
 
 TRUNCATE = "def_truncate_request_for_prefill(self,request):"
 DROPS = 'request._all_token_ids.pop()request.num_prompt_tokens-=1params["_p_side_truncated"]=True'
+LOAD = "defstart_load_kv(self,metadata):"
+CP_ONLY = (
+    "remote_port_send_num=(self.remote_port_send_num[meta.remote_engine_id]ifmeta.remote_dcp_size>1elseNone)"
+    "self.kv_recv_thread.add_request(request_id=req_id,remote_port_send_num=remote_port_send_num)"
+)
+HYBRID_PULLS = Code("def_get_hybrid_remote_rank_group_pulls(self,req_id,prefill_tp_size):...", ("self", "req_id", "n"))
+ADD_REQUEST = Code("defadd_request(...):...", ("self", "request_id", "remote_request_id", "remote_port_send_num"))
+
+SLEEP_DEF = 'defsleep(self,level=1):allocator=CaMemAllocator.get_instance()allocator.sleep(offload_tags=("weights",))'
+WAKE_UP = Code("defwake_up(self,tags=None):allocator.wake_up(tags=tags)", ("self", "tags"))
+REGISTER_BUFFER = Code(
+    "defregister_buffer(self,ptrs,sizes):ifself.is_register_buffer:return"
+    "forptr,sizeinzip(ptrs,sizes):ret=self.transfer_engine.register_memory(ptr,size)self.is_register_buffer=True",
+    ("self", "ptrs", "sizes"),
+)
+
+
+def reregister(sleep: str, wake_up: Code | None = WAKE_UP, register: Code | None = REGISTER_BUFFER) -> Verdict:
+    return ascend_mooncake_sleep_reregister.reregister_rule(Code(sleep, ("self", "level")), wake_up, register)
+
+
+def send_counts(load: str, pulls: Code | None = HYBRID_PULLS, add: Code | None = ADD_REQUEST) -> Verdict:
+    return ascend_mooncake_hybrid_send_counts.send_counts_rule(Code(load, ("self", "metadata")), pulls, add)
+
 
 ASYNC_CALL = megatron_async_save_format.CALL
 
@@ -217,6 +243,47 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "truncate: other parameters": (
         lambda: ascend_mooncake_truncate_rehash.truncate_rule(Code(DROPS, ("self", "request", "n"))),
+        "unsupported",
+    ),
+    # ascend.mooncake_hybrid_send_counts
+    "hybrid counts: CP counts only": (lambda: send_counts(f"{LOAD}{CP_ONLY}"), "apply"),
+    "hybrid counts: counted for hybrid requests": (
+        lambda: send_counts(f"{LOAD}ifself._is_hma_required:n=self._get_hybrid_remote_port_send_num(){CP_ONLY}"),
+        "fixed-upstream",
+    ),
+    "hybrid counts: no hybrid transfers": (lambda: send_counts(f"{LOAD}{CP_ONLY}", pulls=None), "unsupported"),
+    "hybrid counts: counts passed positionally": (
+        lambda: send_counts(f"{LOAD}self.kv_recv_thread.add_request(req_id,n)"),
+        "unsupported",
+    ),
+    "hybrid counts: add_request without counts": (
+        lambda: send_counts(f"{LOAD}{CP_ONLY}", add=Code("defadd_request(self,r):...", ("self", "r"))),
+        "unsupported",
+    ),
+    "hybrid counts: other parameters": (
+        lambda: ascend_mooncake_hybrid_send_counts.send_counts_rule(
+            Code(CP_ONLY, ("self", "metadata", "n")), HYBRID_PULLS, ADD_REQUEST
+        ),
+        "unsupported",
+    ),
+    # ascend.mooncake_sleep_reregister
+    "sleep reregister: 0.23.0 sleep, wake-up, registration": (lambda: reregister(SLEEP_DEF), "apply"),
+    "sleep reregister: sleep unregisters": (
+        lambda: reregister(f"{SLEEP_DEF}global_te.unregister_buffer()"),
+        "fixed-upstream",
+    ),
+    "sleep reregister: no transfer engine there": (lambda: reregister(SLEEP_DEF, register=None), "unsupported"),
+    "sleep reregister: another sleep": (lambda: reregister("defsleep(self,level=1):pass"), "unsupported"),
+    "sleep reregister: wake_up without tags": (
+        lambda: reregister(SLEEP_DEF, wake_up=Code("defwake_up(self):allocator.wake_up()", ("self",))),
+        "unsupported",
+    ),
+    "sleep reregister: another registration": (
+        lambda: reregister(SLEEP_DEF, register=Code("defregister_buffer(self,regions):...", ("self", "regions"))),
+        "unsupported",
+    ),
+    "sleep reregister: other parameters": (
+        lambda: ascend_mooncake_sleep_reregister.reregister_rule(Code(SLEEP_DEF, ("self",)), WAKE_UP, REGISTER_BUFFER),
         "unsupported",
     ),
     # megatron.async_save_format: the writer's call, then torch's function
