@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Verdict
+from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
+from verl_npu_autopatch.spec import APPLY, Verdict, unsupported
 
 
 @decides("pkg.mod:Owner.method", ("self", "x"))
@@ -62,3 +63,31 @@ def test_the_spec_derives_groups_default_and_reads() -> None:
     on = wrapping_patch("fam.fix", "A fix.", rule=_rule, wrap=around(_twice), copiers=("pkg.user",))
     assert (on.groups, on.default, on.targets) == (("fam",), True, (_rule.target,))
     assert on.static is not None and on.static.reads == ("pkg/mod.py", "pkg/user.py")
+
+
+@decides("pkg_read.mod:Owner.method", ("self",), reading=("pkg_read.other:helper", "pkg_read.gone:nothing"))
+def _reading(code: Code, helper: Code | None, gone: Code | None) -> Verdict:
+    assert gone is None  # a module the release lacks reads as None
+    return APPLY if helper is not None and helper.has("return1") else unsupported("a helper returning 1", "other")
+
+
+def test_a_rule_reading_other_code_sees_it_live_and_in_a_release(tmp_path, monkeypatch) -> None:
+    (tmp_path / "pkg_read").mkdir()
+    (tmp_path / "pkg_read" / "__init__.py").write_text("")
+    (tmp_path / "pkg_read" / "mod.py").write_text("class Owner:\n    def method(self):\n        pass\n")
+    (tmp_path / "pkg_read" / "other.py").write_text("def helper():\n    return 1\n")
+    tree = UpstreamTree([tmp_path], {})
+    assert _reading.judge(tree) is APPLY
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pkg_read.mod
+
+    try:
+        assert _reading.live(pkg_read.mod.Owner.method) is APPLY
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] == "pkg_read"]:
+            del sys.modules[name]
+    (tmp_path / "pkg_read" / "other.py").write_text("def helper():\n    return 2\n")
+    assert _reading.judge(UpstreamTree([tmp_path], {})).action == "unsupported"
+    patch = wrapping_patch("fam.read", "A fix.", rule=_reading, wrap=around(_twice))
+    assert patch.static is not None
+    assert patch.static.reads == ("pkg_read/mod.py", "pkg_read/other.py", "pkg_read/gone.py")

@@ -12,6 +12,7 @@ engine's rebinding of stale copies (``Patch.stale``) takes :func:`copies_only` a
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,22 +50,51 @@ Wrap = Callable[[Site, Callable[..., Any]], Callable[..., Any]]
 
 @dataclass(frozen=True)
 class TargetRule:
-    """A rule bound to the one target it decides on (:func:`decides`); called like the rule."""
+    """A rule bound to the one target it decides on (:func:`decides`) and the other code it reads
+    beside it (``reading``: each passed after the target's code, ``None`` where absent); called
+    like the rule."""
 
     target: Target
-    decide: Rule
+    decide: Callable[..., Verdict]
+    reading: tuple[Target, ...] = ()
 
-    def __call__(self, code: Code) -> Verdict:
-        return self.decide(code)
+    def __call__(self, code: Code, *others: Code | None) -> Verdict:
+        return self.decide(code, *others)
+
+    def live(self, value: Any) -> Verdict:
+        """The rule on the live target ``value`` and the live code it reads beside it."""
+        return self.decide(Code.live(value), *map(_live_code, self.reading))
+
+    def judge(self, tree: UpstreamTree) -> Verdict:
+        """The rule on a release's source of the target and of the code it reads beside it."""
+        others = [tree.code(t.module, t.qualname) for t in self.reading]
+        return tree.judge(self.target.module, self.target.qualname, lambda code: self.decide(code, *others))
 
 
-def decides(target: str, params: tuple[str, ...] | None = None) -> Callable[[Rule], TargetRule]:
-    """Binds the decorated rule to ``target`` (``module:Class.method``); with ``params``, code
-    taking other parameters is ``unsupported`` naming both signatures (:func:`~._fingerprints.takes`)."""
+def _live_code(target: Target) -> Code | None:
+    """``Code`` of ``target`` as it is live (its module imported if it is not yet), or ``None``."""
+    try:
+        value: Any = importlib.import_module(target.module)
+    except ImportError:  # a release without the module: the rule says what its absence means
+        return None
+    for part in target.qualname.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return Code.live(value)
+
+
+def decides(
+    target: str, params: tuple[str, ...] | None = None, reading: tuple[str, ...] = ()
+) -> Callable[[Callable[..., Verdict]], TargetRule]:
+    """Binds the decorated rule to ``target`` (``module:Class.method``) and the code it reads
+    beside it (``reading``, the same form); with ``params``, code taking other parameters is
+    ``unsupported`` naming both signatures (:func:`~._fingerprints.takes`)."""
     parsed = Target.parse(target)
+    others = tuple(map(Target.parse, reading))
 
-    def bind(rule: Rule) -> TargetRule:
-        return TargetRule(parsed, takes(parsed.qualname.rpartition(".")[2], params)(rule) if params else rule)
+    def bind(rule: Callable[..., Verdict]) -> TargetRule:
+        return TargetRule(parsed, takes(parsed.qualname.rpartition(".")[2], params)(rule) if params else rule, others)
 
     return bind
 
@@ -95,7 +125,7 @@ def code_check(rule: Rule, needs: str | None = None) -> Callable[[Site], Verdict
     module's global ``needs``, a module without it is ``unsupported``."""
 
     def check(site: Site) -> Verdict:
-        verdict = rule(Code.live(site.value))
+        verdict = rule.live(site.value) if isinstance(rule, TargetRule) else rule(Code.live(site.value))
         if needs and verdict.action == "apply" and getattr(site.module, needs, None) is None:
             return unsupported(f"{site.target.module}.{needs}", "none")
         return verdict
@@ -117,7 +147,7 @@ def judged(target: Target, rule: Rule, needs: str | None = None) -> Callable[[Up
     :func:`code_check`, the module's global ``needs`` where it applies)."""
 
     def static(tree: UpstreamTree) -> Verdict:
-        verdict = tree.judge(target.module, target.qualname, rule)
+        verdict = rule.judge(tree) if isinstance(rule, TargetRule) else tree.judge(target.module, target.qualname, rule)
         if needs and verdict.action == "apply":
             source = tree.module(target.module)
             if source is None or not source.binds(needs):
@@ -148,13 +178,14 @@ def rule_patch(
 ) -> Patch:
     """A :class:`Patch` of the common shape on the target ``rule`` decides on: checked by
     ``rule`` on the live code, fixed by ``fix``, decided on a release's files ``reads`` (default:
-    the target module's file) by ``static`` (default: ``rule`` on the target's source), the table's
-    ``note`` beside it. ``copiers`` are modules known to copy a module-level target by ``from ...
-    import`` (``Patch.copies`` rebinds them): read too, and the default note names those that do
-    in the release. ``needs`` names a global of the target module the fix uses (checked too).
-    Its groups are the family (the name's first word), after ``opt_in``, the group that enables
-    an opt-in patch; ``spec`` holds the other fields (``groups`` given there replace these)."""
-    parsed = rule.target
+    the files of the target's module and of the modules the rule reads beside it) by ``static``
+    (default: ``rule`` on the target's source), the table's ``note`` beside it. ``copiers`` are
+    modules known to copy a module-level target by ``from ... import`` (``Patch.copies`` rebinds
+    them): read too, and the default note names those that do in the release. ``needs`` names a
+    global of the target module the fix uses (checked too). Its groups are the family (the name's
+    first word), after ``opt_in``, the group that enables an opt-in patch; ``spec`` holds the
+    other fields (``groups`` given there replace these)."""
+    parsed, read_beside = rule.target, [t.module for t in rule.reading]
     family = name.partition(".")[0]
     spec.setdefault("groups", (opt_in, family) if opt_in else (family,))
     return Patch(
@@ -166,7 +197,7 @@ def rule_patch(
         default=opt_in is None,
         static=StaticRule(
             static or judged(parsed, rule, needs),
-            reads=reads or tuple(map(module_file, (parsed.module, *copiers))),
+            reads=reads or tuple(dict.fromkeys(map(module_file, (parsed.module, *read_beside, *copiers)))),
             note=note or (_copied_note(parsed, copiers) if copiers else None),
         ),
         **spec,

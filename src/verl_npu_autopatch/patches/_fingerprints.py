@@ -48,14 +48,14 @@ def params_mismatch(
     return unsupported(f"{expected_name or name}{signature_text(expected)}", f"{name}{signature_text(code.params)}")
 
 
-def takes(name: str, expected: tuple[str, ...]) -> Callable[[Callable[[Code], Verdict]], Callable[[Code], Verdict]]:
+def takes(name: str, expected: tuple[str, ...]) -> Callable[[Callable[..., Verdict]], Callable[..., Verdict]]:
     """A rule's signature check, written once: the decorated rule decides only on code taking
     exactly ``expected``; other code is ``unsupported`` naming both signatures (:func:`params_mismatch`)."""
 
-    def decorate(rule: Callable[[Code], Verdict]) -> Callable[[Code], Verdict]:
+    def decorate(rule: Callable[..., Verdict]) -> Callable[..., Verdict]:
         @functools.wraps(rule)
-        def checked(code: Code) -> Verdict:
-            return params_mismatch(code, expected, name) or rule(code)
+        def checked(code: Code, *others: Code | None) -> Verdict:
+            return params_mismatch(code, expected, name) or rule(code, *others)
 
         return checked
 

@@ -32,9 +32,10 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, params_mismatch
+from verl_npu_autopatch.patches._family import RECIPE, decides, rule_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patching import chain, replace_method
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Site, Target, Undo, Verdict, fixed_upstream, unsupported
 
 MODULE = "vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector"
 WORKER = "MooncakeConnectorWorker"
@@ -53,11 +54,9 @@ HYBRID = "self._is_hma_required"
 _COUNTS: ContextVar[dict[str, dict[int, dict[str, Any]]] | None] = ContextVar("hybrid_send_counts", default=None)
 
 
+@decides(f"{MODULE}:{WORKER}.start_load_kv", ("self", "metadata"), reading=(f"{MODULE}:{PULLS}", f"{MODULE}:{ADD}"))
 def send_counts_rule(load: Code, pulls: Code | None, add: Code | None) -> Verdict:
-    """Decide on ``start_load_kv`` with the worker's hybrid pulls and the receiver's ``add_request``."""
-    mismatch = params_mismatch(load, ("self", "metadata"), "start_load_kv")
-    if mismatch:
-        return mismatch
+    """``start_load_kv`` read with the worker's hybrid pulls and the receiver's ``add_request``."""
     if pulls is None:
         return unsupported(f"{PULLS} (hybrid KV transfers)", "a connector without hybrid transfers")
     if load.has(HYBRID):
@@ -128,14 +127,6 @@ def _add(original: Callable[..., Any]) -> Callable[..., Any]:
     return add_request
 
 
-def _check(site: Site) -> Verdict:
-    pulls = getattr(site.owner, PULLS.split(".")[1], None)
-    add = getattr(getattr(site.module, "KVCacheRecvingThread", None), "add_request", None)
-    return send_counts_rule(
-        Code.live(site.value), None if pulls is None else Code.live(pulls), None if add is None else Code.live(add)
-    )
-
-
 def _fix(site: Site) -> Undo:
     name = site.patch.name
     return chain(
@@ -144,25 +135,15 @@ def _fix(site: Site) -> Undo:
     )
 
 
-def _static(tree: UpstreamTree) -> Verdict:
-    def rule(load: Code) -> Verdict:
-        return send_counts_rule(load, tree.code(MODULE, PULLS), tree.code(MODULE, ADD))
-
-    return tree.judge(MODULE, f"{WORKER}.start_load_kv", rule)
-
-
 PATCHES = [
-    Patch(
-        name="ascend.mooncake_hybrid_send_counts",
-        summary="vllm-ascend's Mooncake connector tells each prefill rank how many decode ranks pull a hybrid "
+    rule_patch(
+        "ascend.mooncake_hybrid_send_counts",
+        "vllm-ascend's Mooncake connector tells each prefill rank how many decode ranks pull a hybrid "
         "model's request from it, so one DONE_RECVING does not free blocks another rank still reads.",
-        reference="https://github.com/verl-project/verl-ascend-recipe",
-        groups=("pd_disaggregation", "ascend"),
-        targets=(Target.parse(f"{MODULE}:{WORKER}.start_load_kv"),),
-        secondary=(Target.parse(f"{MODULE}:{ADD}"),),
-        default=False,
-        check=_check,
+        rule=send_counts_rule,
         fix=_fix,
-        static=StaticRule(_static, reads=("vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py",)),
+        opt_in="pd_disaggregation",
+        secondary=(Target.parse(f"{MODULE}:{ADD}"),),
+        reference=RECIPE,
     ),
 ]

@@ -32,9 +32,10 @@ from collections.abc import Callable
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, params_mismatch
+from verl_npu_autopatch.patches._family import RECIPE, decides, rule_patch
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patching import chain, replace_method
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Site, Target, Undo, Verdict, fixed_upstream, unsupported
 
 WORKER = "vllm_ascend.worker.worker"
 ENGINE = "vllm_ascend.distributed.kv_transfer.utils.mooncake_transfer_engine"
@@ -48,11 +49,11 @@ REGISTERS = ("self.transfer_engine.register_memory(ptr,size)", "self.is_register
 _BUFFERS: WeakKeyDictionary[Any, list[tuple[int, int]]] = WeakKeyDictionary()
 
 
+@decides(
+    f"{WORKER}:NPUWorker.sleep", ("self", "level"), reading=(f"{WORKER}:NPUWorker.wake_up", f"{ENGINE}:{REGISTER}")
+)
 def reregister_rule(sleep: Code, wake_up: Code | None, register: Code | None) -> Verdict:
-    """Decide on ``NPUWorker.sleep`` with ``NPUWorker.wake_up`` and ``GlobalTE.register_buffer``."""
-    mismatch = params_mismatch(sleep, ("self", "level"), "sleep")
-    if mismatch:
-        return mismatch
+    """``NPUWorker.sleep`` read with ``NPUWorker.wake_up`` and ``GlobalTE.register_buffer``."""
     if sleep.has("unregister"):
         return fixed_upstream("NPUWorker.sleep unregisters the Mooncake buffers itself")
     if not sleep.has(SLEEPS):
@@ -132,20 +133,6 @@ def _wake_up(original: Callable[..., Any]) -> Callable[..., Any]:
     return wake_up
 
 
-def _register_code() -> Code | None:
-    try:
-        module = importlib.import_module(ENGINE)
-    except ImportError:  # a release without the shared transfer engine: the rule says unsupported
-        return None
-    found = getattr(getattr(module, "GlobalTE", None), "register_buffer", None)
-    return None if found is None else Code.live(found)
-
-
-def _check(site: Site) -> Verdict:
-    wake_up = getattr(site.owner, "wake_up", None)
-    return reregister_rule(Code.live(site.value), None if wake_up is None else Code.live(wake_up), _register_code())
-
-
 def _fix(site: Site) -> Undo:
     name = site.patch.name
     return chain(
@@ -155,31 +142,15 @@ def _fix(site: Site) -> Undo:
     )
 
 
-def _static(tree: UpstreamTree) -> Verdict:
-    def rule(sleep: Code) -> Verdict:
-        return reregister_rule(sleep, tree.code(WORKER, "NPUWorker.wake_up"), tree.code(ENGINE, REGISTER))
-
-    return tree.judge(WORKER, "NPUWorker.sleep", rule)
-
-
 PATCHES = [
-    Patch(
-        name="ascend.mooncake_sleep_reregister",
-        summary="vllm-ascend's NPU worker unregisters the KV cache it registered with Mooncake before sleep "
+    rule_patch(
+        "ascend.mooncake_sleep_reregister",
+        "vllm-ascend's NPU worker unregisters the KV cache it registered with Mooncake before sleep "
         "and registers it again once the KV cache is awake.",
-        reference="https://github.com/verl-project/verl-ascend-recipe",
-        groups=("pd_disaggregation", "ascend"),
-        targets=(Target.parse(f"{WORKER}:NPUWorker.sleep"),),
-        secondary=(Target.parse(f"{WORKER}:NPUWorker.wake_up"), Target.parse(f"{ENGINE}:{REGISTER}")),
-        default=False,
-        check=_check,
+        rule=reregister_rule,
         fix=_fix,
-        static=StaticRule(
-            _static,
-            reads=(
-                "vllm_ascend/worker/worker.py",
-                "vllm_ascend/distributed/kv_transfer/utils/mooncake_transfer_engine.py",
-            ),
-        ),
+        opt_in="pd_disaggregation",
+        secondary=(Target.parse(f"{WORKER}:NPUWorker.wake_up"), Target.parse(f"{ENGINE}:{REGISTER}")),
+        reference=RECIPE,
     ),
 ]
