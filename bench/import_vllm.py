@@ -62,6 +62,7 @@ import vllm
 for module in {modules!r}:
     importlib.import_module(module)
 t1 = time.perf_counter()
+import gc; gc.collect()  # the full collection vLLM's heap has pending, not activation's to pay
 os.environ["VERL_NPU_AUTOPATCH"] = "1"
 os.environ["VERL_NPU_AUTOPATCH_DEVICE"] = "npu"
 import verl_npu_autopatch
