@@ -195,6 +195,16 @@ def stub_module(name: str, doc: str = "TEST DOUBLE", **attributes: Any) -> types
 
 
 @contextmanager
+def alone_in_package(module: types.ModuleType) -> Iterator[types.ModuleType]:
+    """``module`` in ``sys.modules`` under a stand-in parent package holding it only; yields it."""
+    parent = module.__name__.rpartition(".")[0]
+    package = stub_module(parent, f"TEST DOUBLE: holds {module.__name__} only")
+    package.__path__ = []
+    with modules({parent: package, module.__name__: module}):
+        yield module
+
+
+@contextmanager
 def modules(mapping: dict[str, types.ModuleType]) -> Iterator[None]:
     """Put ``mapping`` into ``sys.modules`` and restore what was there afterwards."""
     saved = {name: sys.modules.get(name) for name in mapping}

@@ -51,9 +51,7 @@ def load_rope(root) -> types.ModuleType:
 @pytest.fixture
 def rope(request, releases, npu) -> Iterator[types.ModuleType]:
     module = load_rope(releases[request.param][0])
-    package = doubles.stub_module("vllm_ascend.ops", "TEST DOUBLE: holds rope_dsv4 only")
-    package.__path__ = []
-    with doubles.modules({"vllm_ascend.ops": package, family.MODULE: module}):
+    with doubles.alone_in_package(module):
         yield module
 
 

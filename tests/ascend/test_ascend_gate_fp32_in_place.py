@@ -61,9 +61,7 @@ def load_linear(root) -> types.ModuleType:
 @pytest.fixture
 def linear(request, releases, npu) -> Iterator[types.ModuleType]:
     module = load_linear(releases[request.param][0])
-    package = doubles.stub_module("vllm_ascend.ops", "TEST DOUBLE: holds linear only")
-    package.__path__ = []
-    with doubles.modules({"vllm_ascend.ops": package, NAME: module}):
+    with doubles.alone_in_package(module):
         yield module
 
 

@@ -47,9 +47,7 @@ def load_sampler(root) -> types.ModuleType:
 def sampler(request, releases, npu, monkeypatch) -> Iterator[types.ModuleType]:
     streams.install(monkeypatch)
     module = load_sampler(releases[request.param][0])
-    package = doubles.stub_module("vllm_ascend.sample", "TEST DOUBLE: holds the sampler only")
-    package.__path__ = []
-    with doubles.modules({"vllm_ascend.sample": package, NAME: module}):
+    with doubles.alone_in_package(module):
         yield module
 
 
