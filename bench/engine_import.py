@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _bench import clean_env, interleave, report, run, summary
 
 TIMED = "import time; t = time.perf_counter(); import verl_npu_autopatch.engine; print(time.perf_counter() - t)"
-CATALOGUE = (
+CATALOG_CODE = (
     "import time; import verl_npu_autopatch.engine; from verl_npu_autopatch import catalog; "
     "t = time.perf_counter(); catalog.builtin(); print(time.perf_counter() - t)"
 )
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--catalog", action="store_true", help="time catalog.builtin() instead")
     args = parser.parse_args()
-    code = CATALOGUE if args.catalog else TIMED
+    code = CATALOG_CODE if args.catalog else TIMED
     trees = dict(item.split("=", 1) for item in args.tree)
 
     def timed(src: str):

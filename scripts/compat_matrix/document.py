@@ -61,7 +61,7 @@ def render(tables: dict[str, Rows]) -> str:
         "`python3 scripts/compat-matrix --write` (cache: `.cache/upstream/`);",
         "`tests/ascend/test_compat_matrix.py` fails when this file is stale. `--latest` (run weekly by",
         "`.github/workflows/drift.yml`) computes every release newer than a section's newest column",
-        "(every section below, tensordict / torch_npu / megatron-core / torch included) and fails when one",
+        "(every section below, tensordict / torch_npu / megatron-core / verl / torch included) and fails when one",
         "changes a cell, or when a newer verl release has an NPU patch site the parity table of",
         "[verl.md](verl.md#parity-with-verl-091) does not name.",
         "",

@@ -84,6 +84,7 @@ ASCEND = Section(
         "MoE model module imported before vllm-ascend's `patch_fused_moe`).",
         "`ascend.dsv4_rope_plain_swa` is opt-in (group `dsv4`: only DeepSeek-V4 builds sliding-window-only",
         "RoPE layers); it applies through the release's `apply_yarn_scaling` where `__init__` reads it (0.29.0rc1 on).",
+        "The `ascend.mooncake_*` patches are opt-in (group `pd_disaggregation`: prefill/decode disaggregation only).",
     ),
     columns=tuple(r.ascend for r in RELEASES),
     tree=_ascend_tree,

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from verl_npu_autopatch.records import RecordState
     from verl_npu_autopatch.spec import Patch, Target, Undo
 
-__all__ = ["Outcome", "Plan", "first_failure", "initializing", "known_absent", "plan", "resolve", "run"]
+__all__ = ["Outcome", "Plan", "first_failure", "initializing", "plan", "run"]
 
 
 # --------------------------------------------------------------------- before the target is imported

@@ -114,18 +114,18 @@ class ReportFile:
     def __init__(self, engine: Engine, directory: str) -> None:
         self._engine = engine
         self._directory = os.path.abspath(directory)
-        self._lock = _thread.allocate_lock()  # over the file; never held while waiting for the engine's lock
+        self._lock = _thread.allocate_lock()  # over the file; never held while waiting for the slots' lock
         self._pid = os.getpid()  # the process the identity below is of (a forked child writes its own file)
         self._identity = identity()
-        self._taken = 0  # snapshots taken (under the engine's lock, so in the order of the decisions)
+        self._taken = 0  # snapshots taken (under the slots' lock, so in the order of the decisions)
         self._written: tuple[int, object] = (0, None)  # the last snapshot written and its decisions
         self._warned = False
 
     def changed(self) -> None:
         """Write the report if a decision changed since the last write. Never raises.
 
-        The snapshot is taken under the engine's lock, the file written under this object's own,
-        never the other way round (a decision is recorded with the engine's lock held); a
+        The snapshot is taken under the slots' lock, the file written under this object's own,
+        never the other way round (a decision is recorded with the slots' lock held); a
         snapshot older than the one last written is dropped, so the file never goes back."""
         if self._pid != os.getpid():  # a forked child: its own file, a lock of its own
             self._lock, self._pid, self._identity = _thread.allocate_lock(), os.getpid(), identity()
@@ -140,7 +140,7 @@ class ReportFile:
             self._warn(exc)
 
     def _snapshot(self) -> tuple[int, object, dict[str, Any]]:
-        """``(its number, the decisions, the file's content)``, read under the engine's lock."""
+        """``(its number, the decisions, the file's content)``, read under the slots' lock."""
         engine = self._engine
         with engine.slots.lock:
             self._taken += 1

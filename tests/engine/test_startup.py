@@ -34,7 +34,7 @@ OBSERVER = "observer"
 STARTUP_MODULE = ["_verl_npu_autopatch_startup", "verl_npu_autopatch._startup"]
 MODULES = "import sys, json; print(json.dumps(sorted(sys.modules)))"
 #: What a first watched import loads of the package where the configuration decides.
-PACKAGE_ON_THE_INERT_PATH = (
+PACKAGE_ON_THE_INACTIVE_PATH = (
     "verl_npu_autopatch",
     "verl_npu_autopatch._activation",
     "verl_npu_autopatch._config",
@@ -223,7 +223,7 @@ print(json.dumps(dict(status=r.status, reason=r.reason, trigger=r.trigger, heavy
     # a configuration that could change the decision is read (by _activation): inactive all the same
     configured = run_json(any_python, code, env={"VERL_NPU_AUTOPATCH_DEVICE": "auto"})
     assert {**configured, "ours": []} == {**seen, "ours": []}
-    assert configured["ours"] == sorted([*STARTUP_MODULE, *PACKAGE_ON_THE_INERT_PATH])
+    assert configured["ours"] == sorted([*STARTUP_MODULE, *PACKAGE_ON_THE_INACTIVE_PATH])
 
 
 def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) -> None:

@@ -24,16 +24,12 @@ from verl_npu_autopatch.spec import Patch, Site, StaticRule, Target, Undo, Verdi
 
 __all__ = [
     "RECIPE",
-    "Rule",
     "TargetRule",
-    "Wrap",
     "around",
     "code_check",
     "copied_into",
     "copies_only",
     "decides",
-    "judged",
-    "module_file",
     "rule_patch",
     "wrapping_fix",
     "wrapping_patch",
@@ -142,12 +138,13 @@ def wrapping_fix(wrap: Wrap) -> Callable[[Site], Undo]:
     return fix
 
 
-def judged(target: Target, rule: Rule, needs: str | None = None) -> Callable[[UpstreamTree], Verdict]:
-    """The static rule: ``rule`` on ``target`` as a release's source defines it (and, as in
+def judged(rule: TargetRule, needs: str | None = None) -> Callable[[UpstreamTree], Verdict]:
+    """The static rule: ``rule`` on its target as a release's source defines it (and, as in
     :func:`code_check`, the module's global ``needs`` where it applies)."""
+    target = rule.target
 
     def static(tree: UpstreamTree) -> Verdict:
-        verdict = rule.judge(tree) if isinstance(rule, TargetRule) else tree.judge(target.module, target.qualname, rule)
+        verdict = rule.judge(tree)
         if needs and verdict.action == "apply":
             source = tree.module(target.module)
             if source is None or not source.binds(needs):
@@ -196,7 +193,7 @@ def rule_patch(
         fix=fix,
         default=opt_in is None,
         static=StaticRule(
-            static or judged(parsed, rule, needs),
+            static or judged(rule, needs),
             reads=reads or tuple(dict.fromkeys(map(module_file, (parsed.module, *read_beside, *copiers)))),
             note=note or (_copied_note(parsed, copiers) if copiers else None),
         ),

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_npu_autopatch.patches._family import RECIPE, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, takes
+from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.spec import APPLY, Site, Verdict, unsupported
 
 MODULE = "vllm_ascend.ops.rope_dsv4"
@@ -54,8 +54,7 @@ SCALING_KEYWORDS = (SWITCH, "original_max_position_embeddings", "original_seq_le
 PRECOMPUTE = "self.precompute_freqs_cis("
 
 
-@decides(f"{MODULE}:{METHOD}")
-@takes(METHOD, PARAMS)
+@decides(f"{MODULE}:{METHOD}", PARAMS)
 def rope_rule(init: Code) -> Verdict:
     if not init.has(PRECOMPUTE):
         return unsupported(f"{METHOD} computing its table with {PRECOMPUTE[:-1]}", "another table")

@@ -35,7 +35,7 @@ from typing import Any
 from verl_npu_autopatch.patches._family import RECIPE, decides, rule_patch
 from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patching import chain, replace_method
-from verl_npu_autopatch.spec import APPLY, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Site, Undo, Verdict, fixed_upstream, unsupported
 
 MODULE = "vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector"
 WORKER = "MooncakeConnectorWorker"
@@ -143,7 +143,7 @@ PATCHES = [
         rule=send_counts_rule,
         fix=_fix,
         opt_in="pd_disaggregation",
-        secondary=(Target.parse(f"{MODULE}:{ADD}"),),
+        secondary=send_counts_rule.reading[1:],
         reference=RECIPE,
     ),
 ]

@@ -35,7 +35,7 @@ from weakref import WeakKeyDictionary
 from verl_npu_autopatch.patches._family import RECIPE, decides, rule_patch
 from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.patching import chain, replace_method
-from verl_npu_autopatch.spec import APPLY, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Site, Undo, Verdict, fixed_upstream, unsupported
 
 WORKER = "vllm_ascend.worker.worker"
 ENGINE = "vllm_ascend.distributed.kv_transfer.utils.mooncake_transfer_engine"
@@ -150,7 +150,7 @@ PATCHES = [
         rule=reregister_rule,
         fix=_fix,
         opt_in="pd_disaggregation",
-        secondary=(Target.parse(f"{WORKER}:NPUWorker.wake_up"), Target.parse(f"{ENGINE}:{REGISTER}")),
+        secondary=reregister_rule.reading,
         reference=RECIPE,
     ),
 ]

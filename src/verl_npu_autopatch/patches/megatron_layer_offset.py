@@ -30,7 +30,7 @@ from typing import Any
 from verl_npu_autopatch.patches._family import RECIPE, copied_into, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
 from verl_npu_autopatch.patching import signature_text
-from verl_npu_autopatch.spec import APPLY, Site, Target, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
 MODULE = "megatron.core.transformer.transformer_layer"
 FUNCTION = "get_transformer_layer_offset"
@@ -106,7 +106,7 @@ def _wrap(site: Site, original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _note(tree: UpstreamTree) -> str | None:
     """How many of :data:`COPIERS` copy the function in a release (the copies the engine rebinds)."""
-    found = copied_into(tree, COPIERS, Target(MODULE, FUNCTION))
+    found = copied_into(tree, COPIERS, offset_rule.target)
     return f"copied by `from ... import` into {len(found)} modules" if found else None
 
 

@@ -168,7 +168,7 @@ def _fix_kv_b_proj(site: Site) -> Undo:
 
 
 # =========================================================================== SFA indexer scale
-def _live_code(cls: Any, name: str) -> Code | None:
+def _method_code(cls: Any, name: str) -> Code | None:
     value = getattr(cls, name, None)
     return Code.live(value) if value is not None else None
 
@@ -177,10 +177,10 @@ def _check_indexer(site: Site) -> Verdict:
     if site.target.module == INDEXER:
         backend = getattr(site.module, "AscendSFAIndexerBackend", None)
         return indexer_backend_rule(
-            Code.live(site.value), _live_code(backend, "forward"), _live_code(backend, "forward_k")
+            Code.live(site.value), _method_code(backend, "forward"), _method_code(backend, "forward_k")
         )
     return indexer_rule(
-        Code.live(site.value), _live_code(getattr(site.module, "AscendSFAImpl", None), "indexer_select_post_process")
+        Code.live(site.value), _method_code(getattr(site.module, "AscendSFAImpl", None), "indexer_select_post_process")
     )
 
 
