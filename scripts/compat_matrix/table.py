@@ -80,7 +80,7 @@ def static_rows(patches: list[Any], trees: dict[str, Any], rule_of: Callable[[An
     picks which of its rules decides (default: ``patch.static``)."""
     rows = []
     for patch in patches:
-        rule = rule_of(patch) if rule_of else patch.static
+        rule = rule_of(patch) if rule_of else None
         cells = {label: decide(patch, tree, rule) for label, tree in trees.items()}
         rows.append((patch.name, ", ".join(patch.groups), cells))
     return rows

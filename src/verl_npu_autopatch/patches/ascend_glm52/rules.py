@@ -5,7 +5,7 @@ release's source, so both decide with the one implementation."""
 
 from __future__ import annotations
 
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch, takes
+from verl_npu_autopatch.patches._fingerprints import Code, takes
 from verl_npu_autopatch.patching import signature_text
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
@@ -42,12 +42,10 @@ RL_KEEPS = "ifnotself.rl_weight_update_enabled:dispose_layer(self.kv_b_proj)"
 RL_MODE = "RL weight-update mode (additional_config.rl_config.enabled or --weight-transfer-config)"
 
 
+@takes("process_weights_after_loading", PWAL_PARAMS)
 def kv_b_proj_rule(process: Code, module_has_dispose_layer: bool, rl_update: bool | None = None) -> Verdict:
     """Decide on ``AscendSFAImpl.process_weights_after_loading`` and the module's ``dispose_layer``;
     ``rl_update`` is upstream's RL weight-update switch in the live config (``None``: not known)."""
-    mismatch = params_mismatch(process, PWAL_PARAMS, "process_weights_after_loading")
-    if mismatch:
-        return mismatch
     if not process.has("dispose_layer(self.kv_b_proj)"):
         return fixed_upstream("process_weights_after_loading no longer disposes self.kv_b_proj")
     if not module_has_dispose_layer:
