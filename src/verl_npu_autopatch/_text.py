@@ -1,0 +1,65 @@
+"""Foreign text made safe to keep and to show: exceptions and values from upstream code, plugins
+or other users' files, whose ``__str__`` may raise, which may hold terminal escape sequences, or
+run to megabytes.
+
+Standard library only, imports nothing at run time: the engine uses it inside its guards.
+"""
+
+__all__ = ["REASON_CHARS", "cut", "describe", "printable", "safe_str"]
+
+#: Longest reason a record, a report file or ``--json`` keeps (screens cut shorter).
+REASON_CHARS = 2000
+
+#: C0 and C1 controls, DEL, and the format characters that reorder or hide text on a terminal
+#: (bidirectional overrides and isolates, zero-width marks): escaped by :func:`printable`.
+_HIDDEN = {0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060, 0xFEFF}
+_HIDDEN.update(range(0x202A, 0x202F))
+_HIDDEN.update(range(0x2066, 0x206A))
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_ESCAPES.update({c: f"\\u{c:04x}" for c in _HIDDEN})
+_ESCAPES.update({ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"})
+
+
+def cut(text: str, limit: int = REASON_CHARS) -> str:
+    """``text``, or its first ``limit`` characters and how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def safe_str(value: object, limit: int = REASON_CHARS) -> str:
+    """``str(value)`` cut to ``limit``, or a stand-in naming its type where ``str`` raises (or
+    returns something else than a string). Never raises."""
+    try:
+        text = str(value)
+        if type(text) is not str:  # a str subclass could misbehave later: keep a plain copy
+            text = str.__str__(text)
+    except BaseException as exc:  # a broken __str__ must not break the caller's guard
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return f"<unprintable {_type_name(value)} object>"
+    return cut(text, limit)
+
+
+def describe(exc: BaseException, limit: int = REASON_CHARS) -> str:
+    """``"TypeName: message"`` of a foreign exception (``"TypeName"`` alone for an empty message),
+    bounded and safe. Never raises."""
+    name = _type_name(exc)
+    message = safe_str(exc, limit)
+    return f"{name}: {message}" if message else name
+
+
+def _type_name(value: object) -> str:
+    try:
+        name = type(value).__name__
+        return name if type(name) is str else "object"
+    except Exception:  # a metaclass with a broken __name__: the stand-in says nothing more
+        return "object"
+
+
+def printable(text: str) -> str:
+    """``text`` with control, bidirectional and zero-width characters escaped (``\\x1b``,
+    ``\\u202e``, ``\\n``): what a terminal shows is what the text holds."""
+    if text.isprintable():
+        return text
+    return text.translate(_ESCAPES)
