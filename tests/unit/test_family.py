@@ -26,6 +26,23 @@ def test_a_bound_rule_knows_its_target_and_checks_the_signature_first() -> None:
     assert (mismatch.action, mismatch.reason) == ("unsupported", "expected method(self, x); found method(self)")
 
 
+@decides("pkg.mod:function")
+def _unchecked(code: Code) -> Verdict:
+    return APPLY
+
+
+@decides("pkg.mod:function", ())
+def _no_params(code: Code) -> Verdict:
+    return APPLY
+
+
+def test_an_empty_signature_is_checked_too() -> None:
+    assert _unchecked(Code("", ("x",))) is APPLY  # no params given: the rule alone decides
+    assert _no_params(Code("", ())) is APPLY
+    mismatch = _no_params(Code("", ("x",)))
+    assert (mismatch.action, mismatch.reason) == ("unsupported", "expected function(); found function(x)")
+
+
 def _upstream(self: Any, x: int) -> int:
     """Upstream's method."""
     return x + 1

@@ -84,13 +84,14 @@ def decides(
     target: str, params: tuple[str, ...] | None = None, reading: tuple[str, ...] = ()
 ) -> Callable[[Callable[..., Verdict]], TargetRule]:
     """Binds the decorated rule to ``target`` (``module:Class.method``) and the code it reads
-    beside it (``reading``, the same form); with ``params``, code taking other parameters is
+    beside it (``reading``, the same form); with ``params`` (``()`` too: no parameters), code taking other parameters is
     ``unsupported`` naming both signatures (:func:`~._fingerprints.takes`)."""
     parsed = Target.parse(target)
     others = tuple(map(Target.parse, reading))
 
     def bind(rule: Callable[..., Verdict]) -> TargetRule:
-        return TargetRule(parsed, takes(parsed.qualname.rpartition(".")[2], params)(rule) if params else rule, others)
+        checked = rule if params is None else takes(parsed.qualname.rpartition(".")[2], params)(rule)
+        return TargetRule(parsed, checked, others)
 
     return bind
 
