@@ -24,6 +24,7 @@ import sys
 import time
 
 from verl_npu_autopatch import _logging
+from verl_npu_autopatch._config import REPORT_MODE
 from verl_npu_autopatch._text import REASON_CHARS, cut, describe
 from verl_npu_autopatch._version import __version__
 
@@ -53,18 +54,7 @@ if TYPE_CHECKING:
         def records(self) -> dict[str, Record]: ...
 
 
-__all__ = [
-    "FORMAT",
-    "INCOMPLETE",
-    "ReportFile",
-    "attach",
-    "file_name",
-    "identity",
-    "image",
-    "incomplete_name",
-    "start_time",
-    "title",
-]
+__all__ = ["FORMAT", "INCOMPLETE", "ReportFile", "attach", "file_name", "identity", "image", "start_time", "title"]
 
 #: The version of the file's layout (``fleet`` skips files of a layout it does not know).
 FORMAT = 1
@@ -72,8 +62,6 @@ FORMAT = 1
 INCOMPLETE = ".incomplete.json"
 #: Longest argument (and process title) kept, and how many arguments: a ``-c`` program can be long.
 _ARG_CHARS, _ARGS = 300, 40
-#: The mode of the files the writer creates when ``VERL_NPU_AUTOPATCH_REPORT_MODE`` does not say.
-DEFAULT_MODE = 0o600
 #: A temporary file is created exclusively; a name found taken (planted) is drawn again, this often.
 _TRIES = 8
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -81,7 +69,6 @@ _DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXE
 _STICKY, _OTHERS_WRITE = 0o1000, 0o022
 
 _attached: list[ReportFile] = []  # the engine's report file, refreshed in a forked child at once
-_fork_hook = [False]  # the fork handler is registered (once per process)
 
 
 def attach(engine: Engine, directory: str) -> None:
@@ -90,10 +77,9 @@ def attach(engine: Engine, directory: str) -> None:
     try:
         report = ReportFile(engine, directory)
         engine.slots.on_change = report.changed
-        _attached[:] = [report]
-        if not _fork_hook[0] and hasattr(os, "register_at_fork"):
-            _fork_hook[0] = True
+        if not _attached and hasattr(os, "register_at_fork"):  # the first: once per process
             os.register_at_fork(after_in_child=_after_fork_in_child)
+        _attached[:] = [report]
         report.changed()
     except Exception as exc:  # a bug here must not break the user's import; the file is extra
         _logging.logger().warning("verl-npu-autopatch: cannot write the process report: %s", describe(exc))
@@ -101,8 +87,12 @@ def attach(engine: Engine, directory: str) -> None:
 
 def _after_fork_in_child() -> None:
     """The child of ``os.fork()`` (its own pid, start time: its own file) writes its report now,
-    without waiting for a lock a thread left behind in the parent may hold. Never raises."""
+    without waiting for a lock a thread left behind in the parent may hold; not the child of a
+    ``subprocess`` with a ``preexec_fn``, which runs another program next. Never raises."""
     try:
+        caller = sys._getframe(1)
+        if caller.f_code.co_name == "_execute_child" and caller.f_globals.get("__name__") == "subprocess":
+            return
         for report in _attached:
             report.changed(wait=False)
     except Exception:  # a fork handler must not raise; the child's next decision writes its file
@@ -180,7 +170,7 @@ def file_name(found: dict[str, Any]) -> str:
     return f"{host}-{found['pid']}-{found['start'] or 0}-{_inode(found.get('pidns') or '')}.json"
 
 
-def incomplete_name(name: str) -> str:
+def _incomplete_name(name: str) -> str:
     """The name report ``name`` gets when a rewrite of it failed."""
     return name.removesuffix(".json") + INCOMPLETE
 
@@ -195,7 +185,7 @@ class ReportFile:
     def __init__(self, engine: Engine, directory: str) -> None:
         self._engine = engine
         self._directory = os.path.abspath(directory)  # the configuration gives it absolute already
-        self._mode = getattr(engine.slots.config, "report_mode", DEFAULT_MODE)  # VERL_NPU_AUTOPATCH_REPORT_MODE
+        self._mode = getattr(engine.slots.config, "report_mode", REPORT_MODE)  # VERL_NPU_AUTOPATCH_REPORT_MODE
         self._lock = _thread.allocate_lock()  # over the file; never held while waiting for the slots' lock
         self._pid = os.getpid()  # the process the identity below is of (a forked child writes its own file)
         self._identity = identity()
@@ -279,7 +269,7 @@ class ReportFile:
             self._may_create = False
             if self._incomplete:
                 self._incomplete = False
-                _unlink(incomplete_name(name), directory)
+                _unlink(_incomplete_name(name), directory)
         finally:
             os.close(directory)
 
@@ -323,7 +313,7 @@ class ReportFile:
         (a rename needs no space); failing that, it is removed."""
         self._incomplete = True
         try:
-            os.replace(name, incomplete_name(name), src_dir_fd=directory, dst_dir_fd=directory)
+            os.replace(name, _incomplete_name(name), src_dir_fd=directory, dst_dir_fd=directory)
         except OSError:  # none yet, or the directory refuses renames: no old report may stay
             _unlink(name, directory)
 

@@ -170,9 +170,10 @@ def test_tilde_is_expanded_and_a_relative_path_refused(base_python: Path, tmp_pa
 
 def test_forked_children_write_their_own_files_at_once(base_python: Path, tmp_path: Path) -> None:
     # two os.fork children (one forked while another thread holds the engine's and the file's
-    # locks) and a multiprocessing 'fork' child, all alive: four files
+    # locks) and a multiprocessing 'fork' child, all alive: four files (and none for a subprocess
+    # forked by a preexec_fn only to run another program)
     code = """
-import json, multiprocessing, os, sys, threading, vllm.model, verl_npu_autopatch
+import json, multiprocessing, os, subprocess, sys, threading, vllm.model, verl_npu_autopatch
 from verl_npu_autopatch import engine
 directory = os.environ["VERL_NPU_AUTOPATCH_REPORT_DIR"]
 
@@ -207,6 +208,7 @@ ready, go = context.Event(), context.Event()
 process = context.Process(target=wait, args=(ready, go))
 process.start()
 ready.wait(60)
+subprocess.run([sys.executable, "-c", "pass"], preexec_fn=os.getpid)  # forked to exec at once: no file
 pids = sorted([os.getpid(), process.pid, *(pid for pid, _ in children)])
 written = sorted(json.load(open(os.path.join(directory, f)))["pid"] for f in os.listdir(directory))
 go.set()
