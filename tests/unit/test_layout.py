@@ -184,7 +184,10 @@ def test_a_plainly_inactive_host_is_inactive_by_the_one_device_decision(monkeypa
     assert {*startup.DECIDING, *startup.SWITCHES} == set(_config.VARIABLES) - {
         "VERL_NPU_AUTOPATCH_ENABLE",
         "VERL_NPU_AUTOPATCH_DISABLE",
-        "VERL_NPU_AUTOPATCH_REPORT_DIR",  # where an active engine writes its report: no say in the decision
+        # where an active engine writes its report, and the files' mode: no say in the decision; they
+        # warn (a relative path, a mode not understood) only where an engine could write, never here
+        "VERL_NPU_AUTOPATCH_REPORT_DIR",
+        "VERL_NPU_AUTOPATCH_REPORT_MODE",
     }  # a new variable must be placed: does it change the decision, or warn?
     values = {
         "VERL_NPU_AUTOPATCH": (None, " ", "1", "Off", "maybe"),
