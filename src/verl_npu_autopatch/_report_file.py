@@ -99,20 +99,33 @@ def _after_fork_in_child() -> None:
         pass
 
 
-def _read(path: str) -> str:
-    """A small /proc or /sys file's text, or ``""`` where there is none (not Linux, no access)."""
+#: Where processes are read (a synthetic tree in tests).
+PROC = "/proc"
+
+
+def proc_text(pid: int | str, name: str) -> str | None:
+    """``/proc/PID/NAME`` (a small file: at most 4 kB read), or ``None`` where it cannot be read."""
     try:
-        with open(path, "rb") as f:
+        with open(f"{PROC}/{pid}/{name}", "rb") as f:
             return f.read(4096).decode("utf-8", "replace")
-    except OSError:  # not Linux, or the process is gone: the fact is unknown
-        return ""
+    except OSError:  # not Linux, gone, or hidden (hidepid): unknown
+        return None
+
+
+def proc_stat(pid: int | str, *fields: int) -> tuple[int | None, ...] | None:
+    """Fields of ``/proc/PID/stat`` by their number in proc(5), each ``None`` if not a number;
+    ``None`` if the file cannot be read."""
+    text = proc_text(pid, "stat")
+    if text is None:
+        return None
+    after = text.rpartition(")")[2].split()  # field 3 onwards: the command name (2) may hold anything
+    values = [after[n - 3] if 3 <= n < len(after) + 3 else "" for n in fields]
+    return tuple(int(v) if v.isdigit() and v.isascii() else None for v in values)
 
 
 def _stat_field(pid: int | str, field: int) -> int | None:
-    """Field ``field`` (numbered as in proc(5)) of ``/proc/PID/stat``, or ``None`` if unknown."""
-    fields = _read(f"/proc/{pid}/stat").rpartition(")")[2].split()  # the command name (field 2) may hold spaces
-    value = fields[field - 3] if len(fields) > field - 3 else ""
-    return int(value) if value.isascii() and value.isdigit() else None
+    found = proc_stat(pid, field)
+    return None if found is None else found[0]
 
 
 def start_time(pid: int | str = "self") -> int | None:
@@ -132,7 +145,7 @@ def image(pid: int | str = "self") -> int | None:
 def title(pid: int | str = "self") -> str:
     """Process ``pid``'s title as ``ps`` shows it (``/proc/PID/cmdline``, which ``setproctitle``,
     as used by Ray and vLLM, rewrites), or ``""`` where unknown."""
-    return _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()[:_ARG_CHARS]
+    return (proc_text(pid, "cmdline") or "").replace("\0", " ").strip()[:_ARG_CHARS]
 
 
 def _namespace(kind: str) -> str:
@@ -147,7 +160,7 @@ def identity() -> dict[str, Any]:
     pid, start time, and the program image it runs (changed by ``exec``)."""
     return {
         "host": os.uname().nodename,
-        "boot_id": _read("/proc/sys/kernel/random/boot_id").strip(),
+        "boot_id": (proc_text("sys", "kernel/random/boot_id") or "").strip(),
         "pidns": _namespace("pid"),
         "timens": _namespace("time"),
         "pid": os.getpid(),

@@ -23,19 +23,17 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from verl_npu_autopatch import _fleet_file
-from verl_npu_autopatch._report_file import identity, title
+from verl_npu_autopatch import _fleet_file, _report_file
+from verl_npu_autopatch._report_file import identity, proc_stat, proc_text, title
 from verl_npu_autopatch._text import cut, describe
 
 __all__ = [
-    "PROC",
     "ROLES",
     "STALE_AFTER_S",
     "compare",
     "exit_code",
     "judge",
     "judged",
-    "proc_stat",
     "read_directories",
     "role",
 ]
@@ -162,34 +160,9 @@ def _local(data: dict[str, Any], timens: str) -> tuple[bool, str]:
     return True, liveness
 
 
-#: Where processes are read (a synthetic tree in tests).
-PROC = "/proc"
-
-
-def _proc_text(pid: int | str, name: str) -> str | None:
-    """``/proc/PID/NAME`` (a small file), or ``None`` where it cannot be read."""
-    try:
-        with open(f"{PROC}/{pid}/{name}", "rb") as f:
-            return f.read(4096).decode("ascii", "replace")
-    except OSError:  # gone, hidden (hidepid) or no /proc: unknown
-        return None
-
-
-def proc_stat(pid: int | str, *fields: int) -> tuple[int | None, ...] | None:
-    """Fields of ``/proc/PID/stat`` by their number in proc(5) (22: start time in clock ticks after
-    boot; 28: start of the stack, which each exec changes), each ``None`` if not a number (28 reads 0
-    to a reader without access to the process); ``None`` if the file cannot be read."""
-    text = _proc_text(pid, "stat")
-    if text is None:
-        return None
-    after = text.rpartition(")")[2].split()  # field 3 onwards: the command name (2) may hold anything
-    values = [after[n - 3] if 3 <= n < len(after) + 3 else "" for n in fields]
-    return tuple(int(v) if v.isdigit() and v.isascii() else None for v in values)
-
-
 def _readlink(pid: int | str, name: str) -> str:
     try:
-        return os.readlink(f"{PROC}/{pid}/{name}")
+        return os.readlink(f"{_report_file.PROC}/{pid}/{name}")
     except OSError:  # no time namespaces, no access, or gone: unknown
         return ""
 
@@ -205,7 +178,7 @@ def _boottime_shift(pid: int) -> int | None:
 
 def _boottime_offset(pid: int | str) -> int | None:
     """The boot-time clock offset of ``pid``'s time namespace in ns, or ``None``."""
-    for line in (_proc_text(pid, "timens_offsets") or "").splitlines():
+    for line in (proc_text(pid, "timens_offsets") or "").splitlines():
         name, _, rest = line.partition(" ")
         seconds, _, nanoseconds = rest.strip().partition(" ")
         if name in ("boottime", "7"):  # by name, or CLOCK_BOOTTIME's number on older kernels

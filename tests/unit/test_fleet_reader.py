@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.hostile_reports import ESCAPES, MALFORMED, valid_report, write_malformed
-from verl_npu_autopatch import _fleet_file, _fleet_ray, _fleet_view, fleet
+from verl_npu_autopatch import _fleet_file, _fleet_ray, _fleet_view, _report_file, fleet
 
 PID = 77
 HERE = {"host": "node-7", "boot_id": "b", "pidns": "pid:[1]", "timens": "time:[1]"}
@@ -61,7 +61,7 @@ def _proc(root: Path, pid: int, start: int | None, image: int = 4096, offset: st
 
 
 def _judge(monkeypatch: pytest.MonkeyPatch, root: Path, **fields: Any) -> dict[str, Any]:
-    monkeypatch.setattr(fleet, "PROC", str(root))
+    monkeypatch.setattr(_report_file, "PROC", str(root))
     data = _fleet_file.checked(valid_report(**{**HERE, "pid": PID, "start": 500, "image": 4096, **fields}))
     here = {**HERE, "timens": fleet._readlink("self", "ns/time")}
     return fleet.judge(data, here, time.time(), fleet.STALE_AFTER_S)
