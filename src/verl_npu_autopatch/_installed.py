@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inactive path n
     from types import ModuleType
     from typing import Any, TypeVar
 
+    from typing_extensions import TypeIs
+
     from verl_npu_autopatch import ownership
     from verl_npu_autopatch._config import Config
     from verl_npu_autopatch._pipeline import Outcome
@@ -375,19 +377,21 @@ def _on_live_module(installed: ownership.Installation) -> bool:
 
 def _patch_of(slot: Slot) -> Patch:
     """The patch of a slot that installed something (loaded: it was applied)."""
-    from verl_npu_autopatch.spec import Patch
-
-    assert isinstance(slot.patch, Patch)
-    return slot.patch
+    patch = slot.patch
+    assert patch is not None and not _declared(patch)
+    return patch
 
 
 def _loaded(slot: Slot) -> Patch:
     """The patch of ``slot``, loaded (and kept there) if the catalog only declared it."""
-    from verl_npu_autopatch.spec import Patch
-
     patch = slot.patch
-    if isinstance(patch, Patch):
-        return patch
     assert patch is not None, "an entry point's record is never applied"
-    slot.patch = loaded = patch.load()
-    return loaded
+    if _declared(patch):
+        slot.patch = patch = patch.load()
+    return patch
+
+
+def _declared(patch: Patch | Declared) -> TypeIs[Declared]:
+    """Whether the catalog only declared ``patch`` (by its shape, not its class: a fresh copy of
+    our modules, e.g. after ``mock.patch.dict(sys.modules)``, has classes of its own)."""
+    return callable(getattr(patch, "load", None))
