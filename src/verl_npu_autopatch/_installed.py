@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from verl_npu_autopatch import _logging
+from verl_npu_autopatch._text import describe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inactive path never needs it
@@ -18,10 +19,13 @@ if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inactive path n
     from types import ModuleType
     from typing import Any, TypeVar
 
+    from typing_extensions import TypeIs
+
     from verl_npu_autopatch import ownership
     from verl_npu_autopatch._config import Config
     from verl_npu_autopatch._pipeline import Outcome
     from verl_npu_autopatch._slots import Slot, Slots
+    from verl_npu_autopatch.catalog import Declared
     from verl_npu_autopatch.records import Record, RecordState
     from verl_npu_autopatch.spec import Patch, Site, Target, Undo
 
@@ -79,10 +83,10 @@ class Installations:
         for patch in pending:
             self.apply(patch, None)
 
-    def apply(self, patch: Patch, module: ModuleType | None) -> Exception | None:
+    def apply(self, patch: Patch | Declared, module: ModuleType | None) -> Exception | None:
         """Decide and apply one pending patch on a freshly imported module (``None``: from what
-        is imported and what ``settle`` knows is absent) and record the outcome. Returns a
-        strict-mode error."""
+        is imported and what ``settle`` knows is absent) and record the outcome; a patch the
+        catalog only declared is loaded first (its family imported). Returns a strict-mode error."""
         from verl_npu_autopatch import _pipeline
 
         config = self._slots.config
@@ -94,9 +98,15 @@ class Installations:
             slot.claimed = True
             absent = frozenset(self._absent)
         try:
-            outcome = _pipeline.run(
-                patch, slot.variants, slot.record.versions, module, config, absent=absent, engine=self
-            )
+            try:
+                loaded = _loaded(slot)
+            except Exception as exc:  # a family that cannot be imported: this patch's failure alone
+                reason = f"loading its family raised {describe(exc)}"
+                outcome = _pipeline.Outcome("failed", reason, stage="load", error=exc)
+            else:
+                outcome = _pipeline.run(
+                    loaded, slot.variants, slot.record.versions, module, config, absent=absent, engine=self
+                )
             return self._record_outcome(slot, outcome, module, config)
         finally:
             with self._slots.lock:
@@ -366,6 +376,22 @@ def _on_live_module(installed: ownership.Installation) -> bool:
 
 
 def _patch_of(slot: Slot) -> Patch:
-    """The patch of a slot that installed something (only an entry point's record has none)."""
-    assert slot.patch is not None
-    return slot.patch
+    """The patch of a slot that installed something (loaded: it was applied)."""
+    patch = slot.patch
+    assert patch is not None and not _declared(patch)
+    return patch
+
+
+def _loaded(slot: Slot) -> Patch:
+    """The patch of ``slot``, loaded (and kept there) if the catalog only declared it."""
+    patch = slot.patch
+    assert patch is not None, "an entry point's record is never applied"
+    if _declared(patch):
+        slot.patch = patch = patch.load()
+    return patch
+
+
+def _declared(patch: Patch | Declared) -> TypeIs[Declared]:
+    """Whether the catalog only declared ``patch`` (by its shape, not its class: a fresh copy of
+    our modules, e.g. after ``mock.patch.dict(sys.modules)``, has classes of its own)."""
+    return callable(getattr(patch, "load", None))

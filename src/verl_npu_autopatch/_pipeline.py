@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from verl_npu_autopatch._config import Config
+    from verl_npu_autopatch.catalog import Declared
     from verl_npu_autopatch.handover import HandOver
     from verl_npu_autopatch.records import RecordState
     from verl_npu_autopatch.spec import Patch, Target, Undo
@@ -56,7 +57,7 @@ def first_failure(
     return ""
 
 
-def plan(patch: Patch, config: Config) -> Plan:
+def plan(patch: Patch | Declared, config: Config) -> Plan:
     """Decide ``disabled`` / ``gated`` / ``pending`` for ``patch`` from configuration and
     installed metadata only."""
     versions: dict[str, str | None] = {}

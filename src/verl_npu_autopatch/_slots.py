@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from verl_npu_autopatch._config import Config
+    from verl_npu_autopatch.catalog import Declared
     from verl_npu_autopatch.ownership import Installation
     from verl_npu_autopatch.records import Record, RecordState
     from verl_npu_autopatch.spec import Patch, Target, Undo
@@ -23,7 +24,8 @@ __all__ = ["Slot", "Slots"]
 class Slot:
     """A patch's record and what the engine needs to act on it and re-check it.
 
-    ``patch`` is ``None`` for an entry point that failed to load or was skipped (a record only);
+    ``patch`` is ``None`` for an entry point that failed to load or was skipped (a record only),
+    a ``Declared`` one until its target is imported (the engine then loads it);
     ``variants`` are the targets still in play after the gates; ``rejected`` maps the variants
     whose check said unsupported (last application) to why; ``installed`` and ``undo`` say where
     the applied fix installed what and how to take it back (``stale``: the undos of fixes left on
@@ -33,7 +35,7 @@ class Slot:
 
     __slots__ = ("claimed", "installed", "patch", "record", "rejected", "stale", "undo", "variants", "yielded")
 
-    def __init__(self, patch: Patch | None, record: Record, variants: tuple[Target, ...] = ()) -> None:
+    def __init__(self, patch: Patch | Declared | None, record: Record, variants: tuple[Target, ...] = ()) -> None:
         self.patch = patch
         self.record = record
         self.variants = variants

@@ -220,7 +220,8 @@ class Engine:
             raise RuntimeError(problem)
         logger.debug("wrapt %s from %s", _environment.distribution_version("wrapt"), getattr(wrapt, "__file__", "?"))
 
-        loaded = catalog.load(config.disable) if self._catalog is None else catalog.Catalog(list(self._catalog))
+        given = self._catalog
+        loaded = catalog.load_declared(config.disable) if given is None else catalog.Catalog([*given])
         slots, kept = self.slots, dict(self.slots)  # live fixes an interrupted activation left (_abandon)
         slots.clear()
         self.warnings += config.unknown_names(loaded.names())
@@ -305,7 +306,7 @@ class Engine:
         try:
             from verl_npu_autopatch import catalog
 
-            found = config.unknown_names(catalog.load(config.disable).names())
+            found = config.unknown_names(catalog.load_declared(config.disable).names())
         except Exception as exc:  # a broken catalog fails activation itself; these warnings are extra
             _logging.logger().debug("checking the ENABLE/DISABLE names raised %r", exc, exc_info=True)
             return
