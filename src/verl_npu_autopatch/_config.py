@@ -11,7 +11,7 @@ from verl_npu_autopatch._startup import flag  # the one on/off parser
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # without importing typing or collections at run time
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
 PREFIX = "VERL_NPU_AUTOPATCH"
 LEGACY_GLM52 = "VERL_VLLM_ASCEND_GLM52_PATCH"
@@ -27,8 +27,9 @@ NAMES_SHOWN = 3
 #: Every variable the engine reads, with its accepted values (for docs and ``status``).
 VARIABLES = {
     PREFIX: "1 (default) / 0; also true/false, yes/no, on/off, enable(d)/disable(d), none",
-    f"{PREFIX}_ENABLE": "comma-separated patch names or groups to turn on (opt-in patches)",
-    f"{PREFIX}_DISABLE": "comma-separated patch names, groups or plugin entry points to turn off; wins over ENABLE",
+    f"{PREFIX}_ENABLE": "patch names or groups to turn on (opt-in patches), in any case, separated by commas, "
+    "spaces or newlines",
+    f"{PREFIX}_DISABLE": "patch names, groups or plugin entry points to turn off, as for ENABLE; wins over ENABLE",
     f"{PREFIX}_DEVICE": "auto (default) / npu / none",
     f"{PREFIX}_STRICT": "0 (default) / 1",
     f"{PREFIX}_LOG": "a logging level name: " + ", ".join(LOG_LEVELS),
@@ -75,17 +76,27 @@ class Config:
             "warnings": list(self.warnings),
         }
 
+    def enables(self, names: "Iterable[str]") -> bool:
+        """Whether ENABLE names one of ``names`` (a patch, its groups), in any case."""
+        return not _folded(self.enable).isdisjoint(_folded(names))
+
+    def disables(self, names: "Iterable[str]") -> bool:
+        """Whether DISABLE names one of ``names`` (a patch, its groups, an entry point), in any case."""
+        return not _folded(self.disable).isdisjoint(_folded(names))
+
     def unknown_names(self, known: set[str]) -> list[str]:
         """One short warning per ENABLE/DISABLE entry that names no patch, group or entry point
-        in ``known``, with the closest known names."""
+        in ``known`` (in any case), with the closest known names."""
         import difflib
 
+        spelled = {name.casefold(): name for name in sorted(known, reverse=True)}  # the first spelling wins
         found = []
         for variable, names in ((f"{PREFIX}_ENABLE", self.enable), (f"{PREFIX}_DISABLE", self.disable)):
-            unknown = sorted(names - known)
+            unknown = sorted(name for name in names if name.casefold() not in spelled)
             for name in unknown[:NAMES_SHOWN]:
-                close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6) if len(name) <= SHOWN else []
-                hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+                folded = name.casefold() if len(name) <= SHOWN else ""
+                close = difflib.get_close_matches(folded, sorted(spelled), n=3, cutoff=0.6) if folded else []
+                hint = f"did you mean {' or '.join(repr(spelled[c]) for c in close)}? " if close else ""
                 found.append(
                     f"{variable}: unknown patch or group {shown(name)}; {hint}`verl-npu-autopatch list` shows the names"
                 )
@@ -117,7 +128,13 @@ def _flag(environ: "Mapping[str, str]", name: str, default: bool, warnings: list
 
 
 def _names(environ: "Mapping[str, str]", name: str) -> frozenset[str]:
-    return frozenset(part.strip() for part in environ.get(name, "").split(",") if part.strip())
+    """The names a list variable holds: separated by commas, spaces or newlines (a YAML ``|`` block)."""
+    return frozenset(environ.get(name, "").replace(",", " ").split())
+
+
+def _folded(names: "Iterable[str]") -> "set[str]":
+    """``names`` in one case, as ENABLE and DISABLE compare them."""
+    return {name.casefold() for name in names}
 
 
 def read_config(environ: "Mapping[str, str] | None" = None) -> Config:
