@@ -41,7 +41,7 @@ VARIABLES = {
 class Config:
     """The parsed configuration plus the warnings parsing produced."""
 
-    __slots__ = ("device", "disable", "enable", "enabled", "log_level", "report_dir", "strict", "warnings")
+    __slots__ = ("_folded", "device", "disable", "enable", "enabled", "log_level", "report_dir", "strict", "warnings")
 
     def __init__(
         self,
@@ -58,6 +58,7 @@ class Config:
         self.enabled = enabled
         self.enable = enable
         self.disable = disable
+        self._folded: tuple[set[str], set[str]] | None = None  # (enable, disable) in one case, on first use
         self.device = device
         self.strict = strict
         self.log_level = log_level
@@ -76,13 +77,13 @@ class Config:
             "warnings": list(self.warnings),
         }
 
-    def enables(self, names: "Iterable[str]") -> bool:
-        """Whether ENABLE names one of ``names`` (a patch, its groups), in any case."""
-        return not _folded(self.enable).isdisjoint(_folded(names))
-
-    def disables(self, names: "Iterable[str]") -> bool:
-        """Whether DISABLE names one of ``names`` (a patch, its groups, an entry point), in any case."""
-        return not _folded(self.disable).isdisjoint(_folded(names))
+    def named(self, names: "Iterable[str]") -> "tuple[bool, bool]":
+        """Whether DISABLE, and whether ENABLE, names one of ``names`` (a patch and its groups), in any case."""
+        if self._folded is None:
+            self._folded = (_folded(self.enable), _folded(self.disable))
+        on, off = self._folded
+        keys = _folded(names)
+        return not off.isdisjoint(keys), not on.isdisjoint(keys)
 
     def unknown_names(self, known: set[str]) -> list[str]:
         """One short warning per ENABLE/DISABLE entry that names no patch, group or entry point
@@ -134,7 +135,7 @@ def _names(environ: "Mapping[str, str]", name: str) -> frozenset[str]:
 
 def _folded(names: "Iterable[str]") -> "set[str]":
     """``names`` in one case, as ENABLE and DISABLE compare them."""
-    return {name.casefold() for name in names}
+    return set(map(str.casefold, names))
 
 
 def read_config(environ: "Mapping[str, str] | None" = None) -> Config:

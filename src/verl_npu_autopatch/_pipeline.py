@@ -60,10 +60,10 @@ def plan(patch: Patch, config: Config) -> Plan:
     """Decide ``disabled`` / ``gated`` / ``pending`` for ``patch`` from configuration and
     installed metadata only."""
     versions: dict[str, str | None] = {}
-    keys = (patch.name, *patch.groups)
-    if config.disables(keys):
+    disabled, enabled = config.named((patch.name, *patch.groups))
+    if disabled:
         return Plan("disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE", versions, ())
-    if not patch.default and not config.enables(keys):
+    if not patch.default and not enabled:
         return Plan("disabled", "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE", versions, ())
     failure = first_failure(patch.requires, versions)
     if failure:
