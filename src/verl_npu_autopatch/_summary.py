@@ -12,7 +12,8 @@ from verl_npu_autopatch.records import wrap
 #: Columns every line of ``status`` and ``doctor`` fits in.
 WIDTH = 120
 
-#: The longest reason a screen shows (``--json`` has the whole record, itself bounded).
+#: The longest reason or item the first screen shows (``--all`` and ``--json`` show the whole record,
+#: bounded at its creation by ``_text.REASON_CHARS``).
 REASON_SHOWN = 300
 
 #: States whose records share one reason worth showing once per group (the rest: per patch).
@@ -114,7 +115,7 @@ def records_list(rows: list[tuple[str, str, str, str]]) -> list[str]:
     for name, state, target, reason in rows:
         lines += wrap(f"{name.ljust(name_w)}  {state.ljust(state_w)}  {short_target(target)}", WIDTH, "    ")
         if reason:
-            lines += wrap("    " + cut(reason, REASON_SHOWN), WIDTH, "    ")
+            lines += wrap("    " + reason, WIDTH, "    ")
     return lines
 
 

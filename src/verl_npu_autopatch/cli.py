@@ -17,7 +17,6 @@ from typing import Any
 from verl_npu_autopatch import _environment, _fleet_view, _summary, catalog
 from verl_npu_autopatch._config import VARIABLES, read_config
 from verl_npu_autopatch._startup import OBSERVER
-from verl_npu_autopatch._text import cut
 from verl_npu_autopatch._version import __version__
 from verl_npu_autopatch.doctor import (
     DOCTOR_TIMEOUT_S,
@@ -150,10 +149,9 @@ def verified_status_data() -> dict[str, Any]:
 
 
 def _status_rows(data: dict[str, Any]) -> list[list[str]]:
-    """``[name, decision, why]`` per patch, failed plugin loads and skipped entry points (the
-    reasons cut to what a screen shows)."""
-    rows = [[p["name"], p["state"], cut(p["reason"], _summary.REASON_SHOWN)] for p in data["patches"]]
-    rows += [[e["name"], "failed", cut(e["error"], _summary.REASON_SHOWN)] for e in data["load_errors"]]
+    """``[name, decision, why]`` per patch, failed plugin loads and skipped entry points."""
+    rows = [[p["name"], p["state"], p["reason"]] for p in data["patches"]]
+    rows += [[e["name"], "failed", e["error"]] for e in data["load_errors"]]
     off = "turned off by VERL_NPU_AUTOPATCH_DISABLE (not imported)"
     return rows + [[name, "disabled", off] for name in data["skipped_entry_points"]]
 
