@@ -11,7 +11,7 @@ from verl_npu_autopatch._startup import flag  # the one on/off parser
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # without importing typing or collections at run time
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
 PREFIX = "VERL_NPU_AUTOPATCH"
 LEGACY_GLM52 = "VERL_VLLM_ASCEND_GLM52_PATCH"
@@ -32,8 +32,9 @@ REPORT_MODES = ("600", "640", "604", "644")
 #: Every variable the engine reads, with its accepted values (for docs and ``status``).
 VARIABLES = {
     PREFIX: "1 (default) / 0; also true/false, yes/no, on/off, enable(d)/disable(d), none",
-    f"{PREFIX}_ENABLE": "comma-separated patch names or groups to turn on (opt-in patches)",
-    f"{PREFIX}_DISABLE": "comma-separated patch names, groups or plugin entry points to turn off; wins over ENABLE",
+    f"{PREFIX}_ENABLE": "patch names or groups to turn on (opt-in patches), in any case, separated by commas, "
+    "spaces or newlines",
+    f"{PREFIX}_DISABLE": "patch names, groups or plugin entry points to turn off, as for ENABLE; wins over ENABLE",
     f"{PREFIX}_DEVICE": "auto (default) / npu / none",
     f"{PREFIX}_STRICT": "0 (default) / 1",
     f"{PREFIX}_LOG": "a logging level name: " + ", ".join(LOG_LEVELS),
@@ -49,6 +50,7 @@ class Config:
     """The parsed configuration plus the warnings parsing produced."""
 
     __slots__ = (
+        "_folded",
         "device",
         "disable",
         "enable",
@@ -76,6 +78,7 @@ class Config:
         self.enabled = enabled
         self.enable = enable
         self.disable = disable
+        self._folded: tuple[set[str], set[str]] | None = None  # (enable, disable) in one case, on first use
         self.device = device
         self.strict = strict
         self.log_level = log_level
@@ -96,17 +99,27 @@ class Config:
             "warnings": list(self.warnings),
         }
 
+    def named(self, names: "Iterable[str]") -> "tuple[bool, bool]":
+        """Whether DISABLE, and whether ENABLE, names one of ``names`` (a patch and its groups), in any case."""
+        if self._folded is None:
+            self._folded = (_folded(self.enable), _folded(self.disable))
+        on, off = self._folded
+        keys = _folded(names)
+        return not off.isdisjoint(keys), not on.isdisjoint(keys)
+
     def unknown_names(self, known: set[str]) -> list[str]:
         """One short warning per ENABLE/DISABLE entry that names no patch, group or entry point
-        in ``known``, with the closest known names."""
+        in ``known`` (in any case), with the closest known names."""
         import difflib
 
+        spelled = {name.casefold(): name for name in sorted(known, reverse=True)}  # the first spelling wins
         found = []
         for variable, names in ((f"{PREFIX}_ENABLE", self.enable), (f"{PREFIX}_DISABLE", self.disable)):
-            unknown = sorted(names - known)
+            unknown = sorted(name for name in names if name.casefold() not in spelled)
             for name in unknown[:NAMES_SHOWN]:
-                close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6) if len(name) <= SHOWN else []
-                hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+                folded = name.casefold() if len(name) <= SHOWN else ""
+                close = difflib.get_close_matches(folded, sorted(spelled), n=3, cutoff=0.6) if folded else []
+                hint = f"did you mean {' or '.join(repr(spelled[c]) for c in close)}? " if close else ""
                 found.append(
                     f"{variable}: unknown patch or group {shown(name)}; {hint}`verl-npu-autopatch list` shows the names"
                 )
@@ -138,7 +151,13 @@ def _flag(environ: "Mapping[str, str]", name: str, default: bool, warnings: list
 
 
 def _names(environ: "Mapping[str, str]", name: str) -> frozenset[str]:
-    return frozenset(part.strip() for part in environ.get(name, "").split(",") if part.strip())
+    """The names a list variable holds: separated by commas, spaces or newlines (a YAML ``|`` block)."""
+    return frozenset(environ.get(name, "").replace(",", " ").split())
+
+
+def _folded(names: "Iterable[str]") -> "set[str]":
+    """``names`` in one case, as ENABLE and DISABLE compare them."""
+    return set(map(str.casefold, names))
 
 
 def _report_dir(environ: "Mapping[str, str]", warnings: list[str]) -> str:

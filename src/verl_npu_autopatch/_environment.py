@@ -80,7 +80,9 @@ def wrapt_problem() -> str:
 
         wrapt.register_post_import_hook  # noqa: B018  (the one API the engine needs)
     except Exception as exc:
-        return f"importing wrapt fails ({type(exc).__name__}: {exc}): the engine cannot activate"
+        from verl_npu_autopatch._text import describe
+
+        return f"importing wrapt fails ({describe(exc)}): the engine cannot activate"
     from packaging.version import Version
 
     if version is not None and Version(version) < Version(WRAPT_MINIMUM):

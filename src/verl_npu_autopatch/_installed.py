@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 
 from verl_npu_autopatch import _logging
-from verl_npu_autopatch._text import describe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inactive path never needs it
@@ -131,7 +130,7 @@ class Installations:
             try:
                 self.remember(slot, outcome.site, reason, outcome.undo)
             except Exception as exc:  # as if the fix raised: its undo is kept for revert()
-                state, reason, error = "failed", f"fix raised {type(exc).__name__}: {exc}", exc
+                state, reason, error = "failed", f"fix raised {describe(exc)}", exc
         self._slots.set_state(record, state, reason, error)
         if not config.strict:
             return None
@@ -204,7 +203,7 @@ class Installations:
             try:
                 decided = decide(slot, value)
             except Exception as exc:  # a detector bug must not break report()
-                _logging.logger().debug("re-checking %s raised %r", slot.record.name, exc, exc_info=True)
+                _logging.logger().debug("re-checking %s raised %s", slot.record.name, describe(exc), exc_info=True)
                 continue
             yield slot, value, decided
 
@@ -303,9 +302,7 @@ class Installations:
             try:
                 undo()
             except Exception as exc:  # logged at ERROR with its traceback
-                self._slots.set_state(
-                    slot.record, "failed", f"handing to {owner}: undo raised {type(exc).__name__}: {exc}", exc
-                )
+                self._slots.set_state(slot.record, "failed", f"handing to {owner}: undo raised {describe(exc)}", exc)
                 return True
         self._slots.set_state(slot.record, "yielded", f"target handed to {owner}")
         return undo is not None
@@ -337,7 +334,7 @@ class Installations:
                     step()
             except Exception as exc:
                 _logging.logger().error("reverting %s failed", record.name, exc_info=True)
-                self._slots.set_state(record, "failed", f"revert raised {type(exc).__name__}: {exc}")
+                self._slots.set_state(record, "failed", f"revert raised {describe(exc)}")
                 continue
             self._slots.set_state(record, "reverted", "reverted by revert()")
             done.append(record.name)
@@ -361,6 +358,13 @@ class Installations:
         if name is None:
             return slots
         return [s for s in slots if s.patch is not None and (name == s.record.name or name in s.patch.groups)]
+
+
+def describe(exc: BaseException) -> str:
+    """``_text.describe``, imported on first use (the inactive path never formats an exception)."""
+    from verl_npu_autopatch._text import describe
+
+    return describe(exc)
 
 
 def _names_owner(reason: str, name: str) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from verl_npu_autopatch import _copies, _environment, ownership
+from verl_npu_autopatch import _copies, _environment, _text, ownership
 from verl_npu_autopatch.patching import describe, marked_by
 from verl_npu_autopatch.spec import Site
 
@@ -61,10 +61,10 @@ def plan(patch: Patch | Declared, config: Config) -> Plan:
     """Decide ``disabled`` / ``gated`` / ``pending`` for ``patch`` from configuration and
     installed metadata only."""
     versions: dict[str, str | None] = {}
-    keys = {patch.name, *patch.groups}
-    if keys & config.disable:
+    disabled, enabled = config.named((patch.name, *patch.groups))
+    if disabled:
         return Plan("disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE", versions, ())
-    if not patch.default and not keys & config.enable:
+    if not patch.default and not enabled:
         return Plan("disabled", "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE", versions, ())
     failure = first_failure(patch.requires, versions)
     if failure:
@@ -165,7 +165,7 @@ def run(
                 applied = f"{applied}; {verdict.reason}"
             return Outcome("applied", applied, target, site, undo, rejected)
     except Exception as exc:
-        reason = f"{stage} raised {type(exc).__name__}: {exc}"
+        reason = f"{stage} raised {_text.describe(exc)}"
         return Outcome("failed", reason, target, rejected=rejected, stage=stage, error=exc)
 
 

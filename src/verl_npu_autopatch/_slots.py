@@ -80,7 +80,11 @@ class Slots(dict[str, Slot]):
             return {name: slot.record for name, slot in self.items()}
 
     def set_state(self, record: Record, state: RecordState, reason: str, exc: BaseException | None = None) -> None:
-        """Record a decision and log it once (``exc``: its traceback goes with the line)."""
+        """Record a decision and log it once (``exc``: its traceback goes with the line). The
+        reason is kept within ``_text.REASON_CHARS`` (it may quote a plugin's or upstream's text)."""
+        from verl_npu_autopatch._text import safe_str  # (records exist on the active path only)
+
+        reason = safe_str(reason)
         with self.lock:
             record.state, record.reason = state, reason
         _logging.logger().log(_logging.level_of(state), "%s: %s (%s)", record.name, state, reason, exc_info=exc)

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from verl_npu_autopatch._text import cut, printable
 from verl_npu_autopatch.records import wrap
 
 #: Columns every line of ``status`` and ``doctor`` fits in.
 WIDTH = 120
+
+#: The longest reason or item the first screen shows (``--all`` and ``--json`` show the whole record,
+#: bounded at its creation by ``_text.REASON_CHARS``).
+REASON_SHOWN = 300
 
 #: States whose records share one reason worth showing once per group (the rest: per patch).
 SHARED_REASON = ("gated", "disabled", "inactive", "pending")
@@ -72,7 +77,7 @@ def groups(rows: Iterable[tuple[str, str, str]], catalog: list[str], more: str) 
     lines = wrap(head, WIDTH) if rows else ["summary: no patches in the catalog"]
     blocks: dict[tuple[str, str], list[str]] = {}
     for name, state, reason in rows:
-        blocks.setdefault((state, reason if state in SHARED_REASON else ""), []).append(name)
+        blocks.setdefault((state, cut(reason, REASON_SHOWN) if state in SHARED_REASON else ""), []).append(name)
     for state in counts:
         for (s, reason), names in blocks.items():
             if s == state:
@@ -87,7 +92,7 @@ def attention(items: list[str]) -> list[str]:
         return ["nothing needs attention"]
     lines = ["needs attention:"]
     for item in items:
-        lines += wrap(f"  {item}", WIDTH, "    ")
+        lines += wrap(f"  {cut(item, REASON_SHOWN)}", WIDTH, "    ")
     return lines
 
 
@@ -115,5 +120,11 @@ def records_list(rows: list[tuple[str, str, str, str]]) -> list[str]:
 
 
 def say(text: str, indent: str = "") -> None:
-    """Print ``text`` wrapped to :data:`WIDTH` columns (continuations indented 4 more)."""
+    """Print ``text`` wrapped to :data:`WIDTH` columns (continuations indented 4 more), escaped."""
     print("\n".join(wrap(indent + text, WIDTH, indent + "    ")))
+
+
+def show(text: str = "", end: str = "\n") -> None:
+    """Print ``text`` as it is laid out, each line's control characters escaped: the one way the
+    ``status``, ``list`` and ``doctor`` screens print what they did not wrap themselves."""
+    print("\n".join(printable(line) for line in text.split("\n")), end=end)

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any, Generic, TypeVar
 
+from verl_npu_autopatch import _text
 from verl_npu_autopatch.spec import Patch, Target
 
 __all__ = [
@@ -168,7 +169,8 @@ def _as_patches(obj: object) -> list[Patch]:
         items = list(obj)
         if all(isinstance(item, Patch) for item in items):
             return items
-    raise TypeError(f"expected a Patch, an iterable of Patch or a callable returning them, got {obj!r}")
+    got = _text.safe_str(type(obj).__name__, 100)  # the object's own repr may raise or run to megabytes
+    raise TypeError(f"expected a Patch, an iterable of Patch or a callable returning them, got a {got}")
 
 
 #: What a catalog holds: loaded patches (:func:`load`), or also declared ones (:func:`load_declared`).
@@ -213,25 +215,25 @@ class Catalog(Generic[P]):
 
 def plugins(disable: Iterable[str] = (), timeout: float | None = None) -> Catalog[Patch]:
     """Patches from the ``verl_npu_autopatch.patches`` entry points. An entry point named in
-    ``disable`` (as ``NAME`` or ``entry-point:NAME``) is skipped: its module is never imported.
+    ``disable`` (as ``NAME`` or ``entry-point:NAME``, in any case) is skipped: its module is never imported.
     Any other installed distribution that declares one is imported here (see the trust model in
     docs/writing-a-patch.md). Each distribution's entry points are read, and each is loaded,
     under its own guard: unreadable metadata (``distribution:NAME``) or a plugin that raises,
     even ``SystemExit``, is an error of its own, never the end of the catalog. With
     ``timeout`` (``status``), a plugin whose load does not finish within it is an error too."""
-    off = set(disable)
+    off = {name.casefold() for name in disable}  # names match in any case (VERL_NPU_AUTOPATCH_DISABLE)
     found: Catalog[Patch] = Catalog([])
     for dist, points in _entry_points(found):
         for point in points:
             label = f"entry-point:{point.name}"
             found.entry_points.append(point.name)
-            if point.name in off or label in off:
+            if point.name.casefold() in off or label.casefold() in off:
                 found.skipped.append(label)
                 continue
             try:
                 found.patches += _load(point, timeout)
             except (Exception, SystemExit) as exc:  # a plugin's bug (or argparse at import) is its record
-                error = f"loading {point.value} (distribution {dist}) raised {type(exc).__name__}: {exc}"
+                error = f"loading {_text.safe_str(point.value)} (distribution {dist}) raised {_text.describe(exc)}"
                 found.errors.append((label, error, exc))
     return found
 
@@ -254,7 +256,7 @@ def _entry_points(found: Catalog[Patch]) -> list[tuple[str, list[Any]]]:
             seen.add(name)
             points = [point for point in dist.entry_points if point.group == ENTRY_POINT_GROUP]
         except Exception as exc:  # broken metadata of one distribution: its record, the others still load
-            error = f"reading the entry points of distribution {name} raised {type(exc).__name__}: {exc}"
+            error = f"reading the entry points of distribution {_text.safe_str(name)} raised {_text.describe(exc)}"
             found.errors.append((f"distribution:{name}", error, exc))
             continue
         if points:

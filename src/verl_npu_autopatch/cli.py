@@ -169,31 +169,31 @@ def status_attention(data: dict[str, Any]) -> list[str]:
 
 def print_status(data: dict[str, Any], full: bool = False) -> None:
     """The summary (and with ``full`` every patch and what it touches), fitting 120 columns."""
-    say = _summary.say
+    say, show = _summary.say, _summary.show
     say(f"verl-npu-autopatch {data['version']}: device {data['device']}")
     if not data["active"]:
         say(f"inactive: {data['inactive_reason']}")
     rows = _status_rows(data)
-    print("\n".join(_summary.groups([(n, s, r) for n, s, r in rows], [row[0] for row in rows], "status --all")))
-    print("\n" + "\n".join(_summary.attention(status_attention(data))))
-    print()
+    show("\n".join(_summary.groups([(n, s, r) for n, s, r in rows], [row[0] for row in rows], "status --all")))
+    show("\n" + "\n".join(_summary.attention(status_attention(data))))
+    show()
     say(f"package: {data['package']}")
     say(f"python: {data['python']}")
-    print("start-up files:")
+    show("start-up files:")
     for path in data["install_files"] or ["NOT FOUND: start-up hook not installed in this environment"]:
         say(path, indent="  ")
     say(f"observer installed in this process: {'yes' if data['observer_installed'] else 'no'}")
     say("configuration: " + ", ".join(f"{k}={v}" for k, v in data["configuration"].items() if k != "warnings"))
     say("installed: " + ", ".join(f"{k} {v}" for k, v in data["distributions"].items() if v))
     if not full:
-        print("\nevery patch, its reason and what it touches: verl-npu-autopatch status --all")
+        show("\nevery patch, its reason and what it touches: verl-npu-autopatch status --all")
         return
-    print()
-    print(table(rows, ["patch", "decision", "why"], width=_summary.WIDTH) if rows else "no patches in the catalog")
+    show()
+    show(table(rows, ["patch", "decision", "why"], width=_summary.WIDTH) if rows else "no patches in the catalog")
     if data["patches"]:
-        print("\nwhat each patch touches:")
+        show("\nwhat each patch touches:")
         for plan in data["patches"]:
-            print(f"  {plan['name']} ({plan['defined_at']}):")
+            show(f"  {plan['name']} ({plan['defined_at']}):")
             for line in plan["touches"]:
                 say(line, indent="    ")
 
@@ -337,10 +337,10 @@ def _main(argv: list[str] | None) -> int:
         if args.json:
             print(json.dumps(entries, indent=2))
         elif args.markdown:
-            sys.stdout.write(catalog_markdown(entries))
+            _summary.show(catalog_markdown(entries), end="")
         else:
             rows = [[e["name"], ",".join(e["groups"]), e["default"], e["device"], e["summary"]] for e in entries]
-            print(table(rows, ["patch", "groups", "default", "device", "summary"]))
+            _summary.show(table(rows, ["patch", "groups", "default", "device", "summary"]))
         return 0
     if args.ray is not None or args.runtime_env is not None:
         from verl_npu_autopatch import ray_doctor

@@ -12,6 +12,7 @@ from typing import Any
 
 from verl_npu_autopatch import _summary
 from verl_npu_autopatch._doctor_child import DOCTOR_MARK, STEP_MARK
+from verl_npu_autopatch._text import printable
 
 #: Seconds the doctor child may run (a cold vLLM import takes about a minute on a slow disk).
 DOCTOR_TIMEOUT_S = 600.0
@@ -133,45 +134,46 @@ def doctor_attention(data: dict[str, Any]) -> list[str]:
 def print_doctor(data: dict[str, Any], full: bool = False) -> None:
     """The report as ``doctor`` prints it, fitting 120 columns (tracebacks aside): the engine
     line, the summary and what needs attention (``full``: every record), the verification, what
-    went wrong."""
+    went wrong. Every line is escaped (``_summary.show``): reasons and the log are foreign text."""
+    show = _summary.show
     if data["status"] == "timed-out":
-        print(f"doctor: TIMED OUT: {data['reason']}\n{data['stderr']}")
+        show(f"doctor: TIMED OUT: {data['reason']}\n{data['stderr']}")
         return
     if data["status"] == "crashed":
-        print(f"doctor: the child interpreter crashed ({data['reason']})\n{data['stderr']}")
+        show(f"doctor: the child interpreter crashed ({data['reason']})\n{data['stderr']}")
         return
     _summary.say(f"engine: {data['status']} ({data['reason']}); device: {data['device']}; pid {data['pid']}")
     if data["status"] == "inactive" and data["reason"].startswith("switched off"):
-        print("patching is switched off in this environment: unset VERL_NPU_AUTOPATCH (or set it to 1) to turn it on")
+        show("patching is switched off in this environment: unset VERL_NPU_AUTOPATCH (or set it to 1) to turn it on")
     elif data["status"] == "inactive" and not data["records"]:
-        print("nothing is patched on this host; `verl-npu-autopatch doctor --device npu` is a dry run of an NPU host")
+        show("nothing is patched on this host; `verl-npu-autopatch doctor --device npu` is a dry run of an NPU host")
     records = data["records"]
     if records:
         names = [r["name"] for r in records]
         rows = ((r["name"], r["state"], r["reason"]) for r in records)
-        print("\n".join(_summary.groups(rows, names, "doctor --all")))
-    print("\n".join(_summary.attention(doctor_attention(data))))
+        show("\n".join(_summary.groups(rows, names, "doctor --all")))
+    show("\n".join(_summary.attention(doctor_attention(data))))
     if records and full:
         full_rows = [(r["name"], r["state"], r["target"], r["reason"]) for r in records]
-        print("\n" + "\n".join(_summary.records_list(full_rows)))
+        show("\n" + "\n".join(_summary.records_list(full_rows)))
     elif records:
-        print("every patch with its target and reason: verl-npu-autopatch doctor --all")
+        show("every patch with its target and reason: verl-npu-autopatch doctor --all")
     if "verify" in data:
         from verl_npu_autopatch.verify import render
 
-        print("\n" + "\n".join(render(data["verify"])))
+        show("\n" + "\n".join(render(data["verify"])))
     superseded = [r["name"] for r in records if r["state"] == "superseded"]
     if superseded:
-        print()
+        show()
         _summary.say(
             f"SUPERSEDED: {', '.join(superseded)}: the fix was installed, but something else runs there now "
             "(needs attention names it; see docs/troubleshooting.md, Record states)"
         )
     failed = [r["name"] for r in records if r["state"] == "failed"]
     if failed:
-        print(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{first_screen(data['stderr'], full)}")
+        show(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{first_screen(data['stderr'], full)}")
     elif data["status"] == "failed":
-        print(f"\n{first_screen(data['stderr'], full)}")
+        show(f"\n{first_screen(data['stderr'], full)}")
 
 
 #: Lines of the child's log (tracebacks) ``doctor`` shows without ``--all``.
@@ -181,9 +183,9 @@ LOG_LINES = 20
 def first_screen(log: str, full: bool) -> str:
     """The child's log: in full with ``full``, else its first :data:`LOG_LINES` lines, each cut
     to the width, and how to see the rest."""
-    lines = log.rstrip("\n").splitlines()
+    lines = [printable(line) for line in log.rstrip("\n").split("\n")] if log else []
     if full or (len(lines) <= LOG_LINES and all(len(line) <= _summary.WIDTH for line in lines)):
-        return log
+        return "\n".join(lines) + "\n" if lines else log
     shown = [line if len(line) <= _summary.WIDTH else line[: _summary.WIDTH - 3] + "..." for line in lines[:LOG_LINES]]
     more = f"{len(lines) - len(shown)} more lines" if len(lines) > len(shown) else "long lines cut"
     return "\n".join([*shown, f"... ({more}; the whole log: verl-npu-autopatch doctor --all)"]) + "\n"

@@ -150,7 +150,9 @@ class Engine:
             except (PatchError, RecursionError):
                 raise  # strict mode; out of stack (below)
             except Exception as exc:  # a bug or a broken install must not break the user's import
-                self.status, self.reason = "failed", f"activation failed: {type(exc).__name__}: {exc}"
+                from verl_npu_autopatch._text import describe  # (not on the inactive path)
+
+                self.status, self.reason = "failed", f"activation failed: {describe(exc)}"
                 _logging.logger().error("verl-npu-autopatch %s", self.reason, exc_info=exc)
                 if config.strict:
                     raise PatchError(f"verl-npu-autopatch {self.reason} (strict mode)") from exc
@@ -308,7 +310,9 @@ class Engine:
 
             found = config.unknown_names(catalog.load_declared(config.disable).names())
         except Exception as exc:  # a broken catalog fails activation itself; these warnings are extra
-            _logging.logger().debug("checking the ENABLE/DISABLE names raised %r", exc, exc_info=True)
+            from verl_npu_autopatch._text import describe
+
+            _logging.logger().debug("checking the ENABLE/DISABLE names raised %s", describe(exc), exc_info=True)
             return
         with self.slots.lock:
             self.warnings += found

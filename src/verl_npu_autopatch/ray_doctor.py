@@ -17,11 +17,17 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from verl_npu_autopatch._summary import show
+from verl_npu_autopatch._text import describe, safe_str
 from verl_npu_autopatch.doctor import TIMED_OUT
 from verl_npu_autopatch.records import table
 
 #: How long to wait for all probes (a pip ``runtime_env`` is built on each node first).
 TIMEOUT_S = 900.0
+
+#: The longest error text kept from a probe that could not run (a runtime_env failure: pip's
+#: output, its cause at the end, which ``_short`` shows).
+RUNTIME_ENV_CHARS = 20_000
 
 #: Per-node facts compared across nodes; any difference is a disagreement.
 COMPARED = ("installed", "version", "hook", "device", "configuration", "distributions")
@@ -55,8 +61,8 @@ def _make_probe(status: str) -> Callable[[], dict[str, Any]]:
         }
         try:
             spec = importlib.util.find_spec("verl_npu_autopatch")
-        except Exception as exc:
-            spec, found["error"] = None, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # the package's own text helpers cannot be relied on here: the type only
+            spec, found["error"] = None, f"looking for verl_npu_autopatch raised {type(exc).__name__}"
         if spec is None:
             found["error"] = found["error"] or "verl_npu_autopatch cannot be imported by this interpreter"
             return found
@@ -66,7 +72,12 @@ def _make_probe(status: str) -> Callable[[], dict[str, Any]]:
             module, _, function = status.partition(":")
             found["status"] = getattr(importlib.import_module(module), function)()
         except Exception as exc:
-            found["error"] = f"the status probe raised {type(exc).__name__}: {exc}"
+            try:
+                from verl_npu_autopatch._text import describe
+
+                found["error"] = f"the status probe raised {describe(exc)}"
+            except Exception:  # the package itself cannot be imported: the type names the failure
+                found["error"] = f"the status probe raised {type(exc).__name__}"
         return found
 
     return probe
@@ -217,7 +228,7 @@ def _probe_nodes(ray: Any, runtime_env: dict[str, Any] | None, timeout: float, s
         try:
             entries.append(summarize(node, ray.get(ref)))
         except Exception as exc:  # e.g. RuntimeEnvSetupError: the runtime_env failed on that node
-            entries.append(summarize(node, None, f"{type(exc).__name__}: {str(exc).strip()}"))
+            entries.append(summarize(node, None, describe(exc, RUNTIME_ENV_CHARS).strip()))
     return entries
 
 
@@ -231,7 +242,7 @@ def probe_cluster(
     try:
         import ray
     except ImportError as exc:
-        return {**data, "error": f"ray is not installed in this environment ({exc})"}
+        return {**data, "error": f"ray is not installed in this environment ({safe_str(exc)})"}
     started = not ray.is_initialized()  # else: called from inside a driver; use task-level runtime_env
     try:
         if started:
@@ -240,7 +251,7 @@ def probe_cluster(
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.ERROR)
         entries = _probe_nodes(ray, None if started else runtime_env, timeout, status)
     except Exception as exc:
-        return {**data, "error": f"cannot probe the Ray cluster at {address!r}: {type(exc).__name__}: {exc}"}
+        return {**data, "error": f"cannot probe the Ray cluster at {address!r}: {describe(exc)}"}
     finally:
         if started and ray.is_initialized():
             ray.shutdown()
@@ -338,5 +349,5 @@ def main(args: Any, status: str) -> int:
         runtime_env = dict(runtime_env or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), "VERL_NPU_AUTOPATCH_DEVICE": args.device}
     data = probe_cluster(args.ray, runtime_env, status, getattr(args, "timeout", None) or TIMEOUT_S)
-    print(json.dumps(data, indent=2) if args.json else render(data))
+    print(json.dumps(data, indent=2)) if args.json else show(render(data))
     return exit_code(data)

@@ -6,6 +6,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from verl_npu_autopatch._text import printable
+
 __all__ = ["EngineStatus", "Record", "RecordState", "Report", "table", "wrap"]
 
 #: A record's state: the engine's decision about one patch in this process (see
@@ -80,10 +82,11 @@ class Report:
 
 
 def table(rows: list[list[str]], header: list[str], width: int | None = None) -> str:
-    """A plain fixed-width text table. With ``width``, columns are narrowed until a line fits in
-    ``width`` characters (the last one first, down to 40, then the widest), and their cells wrap
-    onto continuation lines."""
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    """A plain fixed-width text table, control characters escaped in every cell. With ``width``,
+    columns are narrowed until a line fits in ``width`` characters (the last one first, down to
+    40, then the widest), and their cells wrap onto continuation lines."""
+    header, rows = [printable(str(cell)) for cell in header], [[printable(str(cell)) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     if width is not None:
         while sum(widths) + 2 * (len(widths) - 1) > width and max(widths) > _NARROWEST:
             column = len(widths) - 1 if widths[-1] > 40 else widths.index(max(widths))
@@ -110,7 +113,9 @@ def _table_row(cells: list[str], widths: list[int]) -> list[str]:
 
 
 def wrap(text: str, width: int = 120, indent: str = "") -> list[str]:
-    """``text`` as lines of at most ``width`` characters (continuations start with ``indent``)."""
+    """``text`` as lines of at most ``width`` characters (continuations start with ``indent``), its
+    control characters escaped first (``_text.printable``: what a terminal shows is the text)."""
     import textwrap
 
-    return textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False) or [""]
+    shown = printable(text)
+    return textwrap.wrap(shown, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False) or [""]

@@ -19,9 +19,10 @@ npu``) they stay on the CPU and run whatever ``import torch_npu`` gives.
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
+
+from verl_npu_autopatch._text import describe, safe_str
 
 #: dtype name -> largest relative error (max abs error / max upstream magnitude) that passes.
 TOLERANCE: dict[str, float] = {"float32": 1e-4, "bfloat16": 2e-2}
@@ -199,7 +200,8 @@ def check(case: Any, dtype_name: str, device: Any) -> dict[str, Any]:
 
 
 def _failure(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    """``TypeName: message``, bounded, whatever the exception's ``__str__`` does."""
+    return describe(exc)
 
 
 def absent() -> dict[str, Any]:
@@ -259,7 +261,7 @@ def _verify_record(record: dict[str, Any], device: Any) -> list[dict[str, Any]]:
     try:
         found = _case(record["name"], record["target"])
     except Unverifiable as exc:
-        return [{**base, "dtype": None, "passed": False, "error": f"cannot verify: {exc}"}]
+        return [{**base, "dtype": None, "passed": False, "error": f"cannot verify: {safe_str(exc)}"}]
     except Exception as exc:
         return [{**base, "dtype": None, "passed": False, "error": f"building the tiny input raised {_failure(exc)}"}]
     base["inputs"], base["backward"] = found.inputs, found.trains

@@ -25,7 +25,7 @@ def test_the_committed_index_is_the_rendered_one() -> None:
 def test_each_declared_patch_loads_as_the_family_declares_it() -> None:
     declared, built_in = catalog.declared(), catalog.builtin()
     assert [d.name for d in declared] == [p.name for p in built_in]
-    for entry, patch in zip(declared, built_in):
+    for entry, patch in zip(declared, built_in, strict=True):
         assert entry.load() is patch
         seen = (entry.groups, entry.default, entry.device, entry.requires, entry.hooks)
         assert seen == (patch.groups, patch.default, patch.device, patch.requires, patch.hooks)
