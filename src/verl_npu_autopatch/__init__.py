@@ -2,7 +2,7 @@
 
 The public face, and nothing else: the names below resolve lazily, so importing the package
 imports no other module. The start-up hook is the top-level module ``_verl_npu_autopatch_startup``
-(see docs/index.md, "How it works"); ``verl_npu_autopatch.patching`` holds the helpers patch
+(see docs/internals.md, "How it works"); ``verl_npu_autopatch.patching`` holds the helpers patch
 authors use.
 """
 

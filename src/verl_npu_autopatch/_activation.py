@@ -9,7 +9,7 @@ While the engine activates, the observer *guards* imports (``Observer.guard``): 
 and every submodule of a watched (or target) package that another thread imports waits in its
 loader until the hooks are registered, and is patched as it finishes loading. So no target import
 completes unpatched once activation has begun. The observer leaves ``sys.meta_path`` when
-activation is over (see docs/index.md, "Activation and threads").
+activation is over (see docs/internals.md, "Activation and threads").
 """
 
 import _thread

@@ -1,4 +1,4 @@
-"""The start-up module and its :data:`OBSERVER` (docs/index.md, "How it works"). Nothing imports it
+"""The start-up module and its :data:`OBSERVER` (docs/internals.md, "How it works"). Nothing imports it
 at interpreter start: the ``.pth`` line (``_pth_line``) puts a placeholder on ``sys.meta_path``, and
 the first watched name imports this module, as ``_verl_npu_autopatch_startup`` (the wheel's root
 copy of this file), holding the global import lock, and calls :func:`take_over`; the PEP 829
@@ -109,7 +109,7 @@ class Observer:
       line's placeholder, which stands in for it until :meth:`take_over` puts it in its place;
     - ``observing``: on ``sys.meta_path``; a watched package gets an activating loader;
     - ``guarding``: the engine activates (:meth:`guard`); other threads' modules of the gated
-      packages wait for it in their loader (docs/index.md, "Activation and threads");
+      packages wait for it in their loader (docs/internals.md, "Activation and threads");
     - ``resuming``: an activation was abandoned: observing, and a module of a watched package
       (which may be loaded already, unpatched) activates too;
     - ``retired``: off ``sys.meta_path``, its work here over (a ``.pth`` processed again puts no

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.children import FIXTURE_SITE, ROOT, clean_env, run
+from tests.support.children import FIXTURE_SITE, clean_env, run
 
 NPU = {"VERL_NPU_AUTOPATCH_DEVICE": "npu"}
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: chown to another user, or mount a tmpfs")
@@ -246,9 +246,3 @@ os.execve(sys.executable, [sys.executable, "-c", after], env)
     assert report["pid"] == pid and report["start"] == int(live_start)  # the pid and start time match
     assert isinstance(report["image"], int) and report["image"] != int(live_image)  # the program does not
     assert report["timens"] == os.readlink("/proc/self/ns/time")
-
-
-def test_docs_name_every_case() -> None:
-    text = (ROOT / "docs" / "reliability.md").read_text()
-    for name in [n for n in globals() if n.startswith("test_") and n != "test_docs_name_every_case"]:
-        assert f"{name.removeprefix('test_')}`" in text, name
