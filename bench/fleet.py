@@ -61,7 +61,7 @@ import vllm.model
 writer = ReportFile(engine.engine(), os.environ["BENCH_DIR"])
 times = []
 for _ in range(200):
-    writer._written = None  # as if a decision changed
+    writer._written = (0, None)  # as if a decision changed (nothing written yet)
     t = time.perf_counter()
     writer.changed()
     times.append(time.perf_counter() - t)

@@ -24,6 +24,11 @@ SHOWN = 60
 #: ... and names this many unknown patch names one by one per variable, then counts the rest.
 NAMES_SHOWN = 3
 
+#: The report files' mode unless ``VERL_NPU_AUTOPATCH_REPORT_MODE`` says otherwise: only their owner reads them.
+REPORT_MODE = 0o600
+#: The modes ``VERL_NPU_AUTOPATCH_REPORT_MODE`` may give: the owner's read and write, plus read for group or others.
+REPORT_MODES = ("600", "640", "604", "644")
+
 #: Every variable the engine reads, with its accepted values (for docs and ``status``).
 VARIABLES = {
     PREFIX: "1 (default) / 0; also true/false, yes/no, on/off, enable(d)/disable(d), none",
@@ -32,7 +37,10 @@ VARIABLES = {
     f"{PREFIX}_DEVICE": "auto (default) / npu / none",
     f"{PREFIX}_STRICT": "0 (default) / 1",
     f"{PREFIX}_LOG": "a logging level name: " + ", ".join(LOG_LEVELS),
-    f"{PREFIX}_REPORT_DIR": "a directory; each process that activates writes its report there (`fleet` reads them)",
+    f"{PREFIX}_REPORT_DIR": "an absolute directory or ~/...; each process that activates writes its report there "
+    "(`fleet` reads them); a directory of another user, or writable by others without the sticky bit, is refused",
+    f"{PREFIX}_REPORT_MODE": "the report files' mode: 600 (default), 640, 604 or 644 (a leading 0 or 0o allowed); "
+    "directories made get the matching search bits (700, 750, 701, 755)",
     LEGACY_GLM52: "1 / true / yes turns on group glm52 (legacy verl switch)",
 }
 
@@ -40,7 +48,17 @@ VARIABLES = {
 class Config:
     """The parsed configuration plus the warnings parsing produced."""
 
-    __slots__ = ("device", "disable", "enable", "enabled", "log_level", "report_dir", "strict", "warnings")
+    __slots__ = (
+        "device",
+        "disable",
+        "enable",
+        "enabled",
+        "log_level",
+        "report_dir",
+        "report_mode",
+        "strict",
+        "warnings",
+    )
 
     def __init__(
         self,
@@ -53,6 +71,7 @@ class Config:
         log_level: str | None = None,
         warnings: tuple[str, ...] = (),
         report_dir: str = "",
+        report_mode: int = REPORT_MODE,
     ) -> None:
         self.enabled = enabled
         self.enable = enable
@@ -62,6 +81,7 @@ class Config:
         self.log_level = log_level
         self.warnings = warnings
         self.report_dir = report_dir
+        self.report_mode = report_mode
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -72,6 +92,7 @@ class Config:
             "strict": self.strict,
             "log_level": self.log_level,
             "report_dir": self.report_dir or None,
+            "report_mode": f"{self.report_mode:04o}",
             "warnings": list(self.warnings),
         }
 
@@ -120,6 +141,28 @@ def _names(environ: "Mapping[str, str]", name: str) -> frozenset[str]:
     return frozenset(part.strip() for part in environ.get(name, "").split(",") if part.strip())
 
 
+def _report_dir(environ: "Mapping[str, str]", warnings: list[str]) -> str:
+    """``VERL_NPU_AUTOPATCH_REPORT_DIR`` with ``~`` expanded; a relative path (each process would
+    write under its own working directory) is refused with a warning: no report file then."""
+    name = f"{PREFIX}_REPORT_DIR"
+    raw = environ.get(name, "").strip()
+    path = os.path.expanduser(raw)
+    if path and not os.path.isabs(path):
+        warnings.append(f"{name}={shown(raw)} is not an absolute path (nor ~/...); no report file is written.")
+        return ""
+    return path
+
+
+def _report_mode(environ: "Mapping[str, str]", warnings: list[str]) -> int:
+    name = f"{PREFIX}_REPORT_MODE"
+    raw = environ.get(name, "").strip()
+    digits = raw.lower().removeprefix("0o").lstrip("0")
+    if not raw or digits in REPORT_MODES:
+        return int(digits, 8) if raw else REPORT_MODE
+    warnings.append(f"{name}={shown(raw)} is not understood; accepted values: {VARIABLES[name]}. Using 600.")
+    return REPORT_MODE
+
+
 def read_config(environ: "Mapping[str, str] | None" = None) -> Config:
     """Parse the configuration variables; bad values keep their defaults and add a warning."""
     env = os.environ if environ is None else environ
@@ -147,6 +190,7 @@ def read_config(environ: "Mapping[str, str] | None" = None) -> Config:
     if _flag(env, LEGACY_GLM52, False, warnings):
         enable |= {"glm52"}
 
+    report_dir, report_mode = _report_dir(env, warnings), _report_mode(env, warnings)
     return Config(
         enabled=enabled,
         enable=enable,
@@ -155,5 +199,6 @@ def read_config(environ: "Mapping[str, str] | None" = None) -> Config:
         strict=strict,
         log_level=log_level,
         warnings=tuple(warnings),
-        report_dir=env.get(f"{PREFIX}_REPORT_DIR", "").strip(),
+        report_dir=report_dir,
+        report_mode=report_mode,
     )

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from verl_npu_autopatch import fleet
+from verl_npu_autopatch._text import cut, describe, safe_str
 from verl_npu_autopatch.ray_doctor import TIMEOUT_S
 
 __all__ = ["gather"]
@@ -26,7 +28,9 @@ def _make_reader(directories: list[str], stale_after: float) -> Callable[[], dic
         try:
             fleet = importlib.import_module("verl_npu_autopatch.fleet")
         except ImportError as exc:
-            return {"error": f"verl_npu_autopatch cannot be imported on this node ({exc})"}
+            return {
+                "error": f"verl_npu_autopatch cannot be imported on this node ({exc})"
+            }  # no helper here: shipped by value
         return fleet.read_directories(directories, stale_after)
 
     return read
@@ -46,7 +50,7 @@ def gather(
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     except ImportError as exc:
-        return {"error": f"ray is not installed in this environment ({exc})"}
+        return {"error": f"ray is not installed in this environment ({describe(exc)})"}
     started = not ray.is_initialized()
     found: dict[str, list[dict[str, Any]]] = {"processes": [], "stale": [], "unreadable": []}
     seen: set[tuple[Any, ...]] = set()
@@ -73,14 +77,11 @@ def gather(
                     raise TimeoutError(f"no answer within {timeout or TIMEOUT_S:g} s (--timeout)")
                 answer = ray.get(ref)
             except Exception as exc:  # a node that cannot answer is named, the others still count
-                answer = {"error": f"{type(exc).__name__}: {exc}"}
-            if answer.get("error"):
-                found["unreadable"].append({"file": where, "error": answer["error"]})
-                continue
-            for key in found:
-                found[key] += [item for item in answer[key] if _new(item, seen)]
+                answer = {"error": describe(exc)}
+            for key, items in _checked(answer, where).items():
+                found[key] += [item for item in items if _new(item, seen)]
     except Exception as exc:
-        return {"error": f"cannot read the Ray cluster at {address!r}: {type(exc).__name__}: {exc}"}
+        return {"error": f"cannot read the Ray cluster at {address!r}: {describe(exc)}"}
     finally:
         if started and ray.is_initialized():
             ray.shutdown()
@@ -95,3 +96,31 @@ def _new(item: dict[str, Any], seen: set[tuple[Any, ...]]) -> bool:
         return False
     seen.add(key)
     return True
+
+
+def _checked(answer: object, where: str) -> dict[str, list[dict[str, Any]]]:
+    """A node's answer with each entry checked as ``fleet`` checks a file (the node may run another
+    version of the package, or a broken one): what does not pass is one unreadable entry naming it."""
+    if type(answer) is not dict or answer.get("error"):
+        error = answer.get("error") if type(answer) is dict else f"an answer of type {type(answer).__name__}"
+        return {"unreadable": [{"file": where, "error": cut(safe_str(error))}]}
+    found: dict[str, list[dict[str, Any]]] = {"processes": [], "stale": [], "unreadable": []}
+    rejected = 0
+    for key in ("processes", "stale"):
+        for item in _items(answer, key):
+            judged = fleet.judged(item)
+            found[key] += [judged] if judged else []
+            rejected += not judged
+    for item in _items(answer, "unreadable"):
+        if type(item) is dict and type(item.get("file")) is str and type(item.get("error")) is str:
+            found["unreadable"].append({"file": cut(item["file"]), "error": cut(item["error"])})
+        else:
+            rejected += 1
+    if rejected:
+        found["unreadable"].append({"file": where, "error": f"{rejected:,} entries of its answer are not valid"})
+    return found
+
+
+def _items(answer: dict[str, Any], key: str) -> list[Any]:
+    items = answer.get(key)
+    return items if type(items) is list else []

@@ -11,12 +11,13 @@ __all__ = ["REASON_CHARS", "cut", "describe", "printable", "safe_str"]
 REASON_CHARS = 2000
 
 #: C0 and C1 controls, DEL, and the format characters that reorder or hide text on a terminal
-#: (bidirectional overrides and isolates, zero-width marks): escaped by :func:`printable`.
+#: (bidirectional overrides and isolates, zero-width marks): escaped by :func:`printable`, as are
+#: lone surrogates (a non-UTF-8 file name or argument), which no terminal encoding can print.
 _HIDDEN = {0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060, 0xFEFF}
 _HIDDEN.update(range(0x202A, 0x202F))
 _HIDDEN.update(range(0x2066, 0x206A))
 _ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
-_ESCAPES.update({c: f"\\u{c:04x}" for c in _HIDDEN})
+_ESCAPES.update({c: f"\\u{c:04x}" for c in (*_HIDDEN, *range(0xD800, 0xE000))})
 _ESCAPES.update({ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"})
 
 

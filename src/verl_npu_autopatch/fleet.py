@@ -5,23 +5,38 @@ This module reads the files, tells live processes from stale ones, names each pr
 and compares the patches across processes; ``_fleet_view`` prints the result and ``_fleet_ray``
 gathers the files from every node of a Ray cluster.
 
-Stale: a file whose process is gone. On the host that wrote it (same host name, boot and pid
-namespace) that is exact: the pid is not running, or runs a later process (another start time).
-Elsewhere it cannot be checked, so a file not rewritten for longer than ``stale_after`` seconds
-counts as stale (``fleet --ray`` checks every file on its own node instead).
+Every file is untrusted (``_fleet_file``: regular files only, bounded, checked against the schema;
+the others are listed unreadable). Stale: a file whose process is gone. On the host that wrote it
+(same host name, boot and pid namespace) that is exact: the pid is not running, runs a later
+process (another start time, read back through the time namespace's offset when the writer runs in
+another one) or another program (an exec changed its image). Where /proc hides the process
+(``hidepid``) or another time namespace's offset cannot be read, it is counted live and says it
+could not be checked. Elsewhere a file counts as stale only when both its ``written`` time (that
+host's clock) and its modification time (the filesystem's) are older than ``stale_after`` seconds
+(``fleet --ray`` checks every file on its own node instead).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from verl_npu_autopatch._report_file import FORMAT, identity, start_time, title
+from verl_npu_autopatch import _fleet_file, _report_file
+from verl_npu_autopatch._report_file import identity, proc_stat, proc_text, title
+from verl_npu_autopatch._text import cut, describe
 
-__all__ = ["ROLES", "STALE_AFTER_S", "compare", "exit_code", "judge", "read_directories", "role"]
+__all__ = [
+    "ROLES",
+    "STALE_AFTER_S",
+    "compare",
+    "exit_code",
+    "judge",
+    "judged",
+    "read_directories",
+    "role",
+]
 
 #: The roles a process is grouped by, in the order they are shown.
 ROLES = ("driver", "Ray worker", "vLLM EngineCore", "vLLM worker", "other")
@@ -29,6 +44,8 @@ ROLES = ("driver", "Ray worker", "vLLM EngineCore", "vLLM worker", "other")
 STALE_AFTER_S = 24 * 3600.0
 #: States that make ``fleet`` exit non-zero when any live process has one.
 PROBLEM_STATES = ("failed", "unsupported")
+#: How a live process whose writer renamed its file after a failed rewrite is shown (a problem).
+INCOMPLETE, INCOMPLETE_REASON = "report incomplete", "a later write failed; this is the last complete state"
 #: Exit codes: all well / a patch failed or is unsupported somewhere (or an activation failed) /
 #: no live process file found (nothing to judge).
 OK, PROBLEMS, NOTHING = 0, 1, 2
@@ -37,30 +54,32 @@ OK, PROBLEMS, NOTHING = 0, 1, 2
 # --------------------------------------------------------------------------- reading
 def read_directories(directories: list[str], stale_after: float = STALE_AFTER_S) -> dict[str, Any]:
     """Every report file in ``directories`` judged live or stale, here: ``{"processes",
-    "stale", "unreadable"}`` (a process seen in several directories counts once, its newest file)."""
-    here, now = identity(), time.time()
+    "stale", "unreadable"}`` (a process seen in several directories counts once, its newest file).
+    Never raises for any file: a file that cannot be used is listed unreadable with the reason."""
+    here, now = {**identity(), "timens": _readlink("self", "ns/time")}, time.time()
     found: dict[tuple[Any, ...], dict[str, Any]] = {}
     unreadable = []
     for directory in directories:
         try:
+            owners = frozenset((os.geteuid(), 0, os.stat(directory).st_uid))
             names = sorted(entry.name for entry in os.scandir(directory) if entry.name.endswith(".json"))
         except OSError as exc:
-            unreadable.append({"file": directory, "error": f"{type(exc).__name__}: {exc}"})
+            unreadable.append({"file": directory, "error": describe(exc)})
             continue
         for name in names:
             if name.startswith("."):
                 continue  # a temporary file being written
             path = os.path.join(directory, name)
             try:
-                with open(path, "rb") as f:
-                    data = json.loads(f.read())
-                if not isinstance(data, dict) or data.get("format") != FORMAT:
-                    raise ValueError(f"not a report file of format {FORMAT}")
-                key = (data["host"], data["boot_id"], data["pidns"], data["pid"], data["start"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                unreadable.append({"file": path, "error": f"{type(exc).__name__}: {exc}"})
+                data, modified = _fleet_file.read(path, owners)
+            except _fleet_file.Unreadable as exc:
+                unreadable.append({"file": path, "error": str(exc)})
                 continue
-            data["file"] = path
+            except Exception as exc:  # a bug must not hide the other files: this one is named
+                unreadable.append({"file": path, "error": f"cannot be read: {describe(exc)}"})
+                continue
+            data.update(file=path, modified=modified, incomplete=name.endswith(_fleet_file.INCOMPLETE))
+            key = (data["host"], data["boot_id"], data["pidns"], data["pid"], data["start"])
             if key not in found or found[key]["written"] < data["written"]:
                 found[key] = data
     processes: list[dict[str, Any]] = []
@@ -71,29 +90,114 @@ def read_directories(directories: list[str], stale_after: float = STALE_AFTER_S)
     return {"processes": processes, "stale": stale, "unreadable": unreadable}
 
 
+def judged(item: object) -> dict[str, Any] | None:
+    """A process another node's reader judged (``fleet --ray``), checked as a file is plus the
+    judgement's fields, or ``None``."""
+    try:
+        data = _fleet_file.checked(item)
+    except _fleet_file.Unreadable:  # the caller counts it as not valid
+        return None
+    assert isinstance(item, dict)  # checked() accepts nothing else
+    judgement = {key: item.get(key) for key in ("file", "liveness", "title", "role", "live", "incomplete")}
+    if not all(type(judgement[key]) is str for key in ("file", "liveness", "title")) or judgement["role"] not in ROLES:
+        return None
+    if type(judgement["live"]) is not bool or type(judgement["incomplete"]) not in (bool, type(None)):
+        return None
+    return data | {key: cut(value) if type(value) is str else value for key, value in judgement.items()}
+
+
 def judge(data: dict[str, Any], here: dict[str, Any], now: float, stale_after: float) -> dict[str, Any]:
-    """``{"live", "liveness", "role", "title"}`` of the process that wrote ``data``, judged on the
-    host ``here`` (``_report_file.identity()``) at ``now``. A live local process's title is read
-    afresh: Ray and vLLM retitle their processes after start-up."""
-    shown = data.get("title") or ""
+    """``{"live", "liveness", "role", "title"}`` of the process that wrote ``data`` (a checked
+    file), judged on the host ``here`` (``_report_file.identity()`` and its ``timens``) at ``now``.
+    A live local process's title is read afresh: Ray and vLLM retitle their processes after start."""
+    shown = data["title"]
     local = (data["host"], data["boot_id"], data["pidns"]) == (here["host"], here["boot_id"], here["pidns"])
     if local:
-        if data["start"] is None:  # written where /proc is not: only whether the pid exists
-            live, reused = _running(data["pid"]), False
-        else:
-            started = start_time(data["pid"])
-            live, reused = started == data["start"], started is not None and started != data["start"]
-        liveness = "running" if live else "process gone" + (" (its pid was reused)" if reused else "")
+        live, liveness = _local(data, here.get("timens", ""))
         shown = (title(data["pid"]) if live else "") or shown
     else:
-        age = now - data["written"]
-        live = not stale_after or age <= stale_after
-        liveness = f"written {_age(age)} ago on another host" + ("" if live else " (stale)")
-    return {"live": live, "liveness": liveness, "title": shown, "role": role(data.get("argv") or [], shown)}
+        live, liveness = _elsewhere(data, now, stale_after)
+    if data.get("incomplete"):
+        liveness += f"; {INCOMPLETE} ({INCOMPLETE_REASON})"
+    return {"live": live, "liveness": liveness, "title": shown, "role": role(data["argv"], shown)}
+
+
+def _elsewhere(data: dict[str, Any], now: float, stale_after: float) -> tuple[bool, str]:
+    """Another host's file: stale when neither its ``written`` time (that host's clock) nor its
+    modification time (the clock of the filesystem holding it) is within ``stale_after``."""
+    age, quiet = now - data["written"], now - data.get("modified", data["written"])
+    live = not stale_after or min(age, quiet) <= stale_after
+    if age < 0:
+        liveness = f"written on another host (clock ahead by {_age(-age)})"
+    else:
+        liveness = f"written {_age(age)} ago on another host"
+    if live and stale_after and age > stale_after:
+        liveness += f" (its file changed {_age(max(quiet, 0))} ago: the clocks differ)"
+    return live, liveness + ("" if live else " (stale)")
+
+
+def _local(data: dict[str, Any], timens: str) -> tuple[bool, str]:
+    """Whether the process that wrote ``data`` on this host still runs, and how it was told: its
+    pid, start time (shifted back when it runs in another time namespace than ``timens``, fleet's
+    own) and program image (which an exec changes)."""
+    pid, start, image = data["pid"], data["start"], data["image"]
+    fields = proc_stat(pid, 22, 28)
+    if fields is None:  # gone, hidden by /proc's hidepid, or no /proc: ask the kernel
+        if not _running(pid):
+            return False, "process gone"
+        return True, "running" if start is None else "running (cannot check its start time: /proc hides it)"
+    started, now_image = fields
+    liveness = "running"
+    if start is not None and started is not None:
+        theirs = data["timens"] or _readlink(pid, "ns/time") or timens
+        shift = 0 if theirs == timens or not timens else _boottime_shift(pid)
+        if shift is None:
+            liveness = "running (start time not checked: another time namespace)"
+        elif abs(started - (start - shift)) > (1 if shift else 0):  # offsets in ns: one tick of rounding
+            return False, "process gone (its pid was reused)"
+    if image and now_image and image != now_image:
+        return False, "process gone (the pid now runs another program: exec)"
+    return True, liveness
+
+
+def _readlink(pid: int | str, name: str) -> str:
+    try:
+        return os.readlink(f"{_report_file.PROC}/{pid}/{name}")
+    except OSError:  # no time namespaces, no access, or gone: unknown
+        return ""
+
+
+def _boottime_shift(pid: int) -> int | None:
+    """In clock ticks: how far ``pid``'s time namespace shifts its boot-time clock beyond fleet's
+    own (``/proc/PID/timens_offsets``), or ``None`` if either cannot be read."""
+    theirs, ours = _boottime_offset(pid), _boottime_offset("self")
+    if theirs is None or ours is None:
+        return None
+    return (theirs - ours) * _ticks_per_second() // 1_000_000_000
+
+
+def _boottime_offset(pid: int | str) -> int | None:
+    """The boot-time clock offset of ``pid``'s time namespace in ns, or ``None``."""
+    for line in (proc_text(pid, "timens_offsets") or "").splitlines():
+        name, _, rest = line.partition(" ")
+        seconds, _, nanoseconds = rest.strip().partition(" ")
+        if name in ("boottime", "7"):  # by name, or CLOCK_BOOTTIME's number on older kernels
+            try:
+                return int(seconds) * 1_000_000_000 + int(nanoseconds.strip())
+            except ValueError:  # not the layout proc(5) describes: unknown
+                return None
+    return None
+
+
+def _ticks_per_second() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError):  # not POSIX: Linux's usual value
+        return 100
 
 
 def _running(pid: int) -> bool:
-    """Without /proc: whether ``pid`` exists."""
+    """Whether ``pid`` exists (without /proc, or where /proc hides it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:  # no such process: gone
@@ -157,6 +261,9 @@ def compare(processes: list[dict[str, Any]]) -> dict[str, Any]:
         _group("activation failed", reason, members, processes) | {"patch": None}
         for reason, members in _failed_engines(processes).items()
     ]
+    incomplete = [index for index, process in enumerate(processes) if process.get("incomplete")]
+    if incomplete:
+        problems.append(_group(INCOMPLETE, INCOMPLETE_REASON, incomplete, processes) | {"patch": None})
     return {
         "roles": {r: n for r in ROLES if (n := sum(p["role"] == r for p in processes))},
         "patches": list(groups),

@@ -219,6 +219,7 @@ def test_files_from_another_host_are_stale_after_the_threshold(base_python: Path
             host="elsewhere", written=data["written"] - (7200 if data["argv"][-1] == "--multiprocessing-fork" else 0)
         )
         path.write_text(json.dumps(data))
+        os.utime(path, (data["written"], data["written"]))  # the filesystem's clock agrees
     data, code = fleet_json(base_python, "--stale-after", "1", str(tmp_path))
     assert code == 0 and [p["role"] for p in data["processes"]] == ["driver"]
     assert data["processes"][0]["liveness"].endswith("ago on another host")

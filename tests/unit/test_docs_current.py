@@ -55,3 +55,15 @@ def test_every_relative_link_resolves() -> None:
             elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert broken == []
+
+
+def test_index_lists_every_page_once_users_first() -> None:
+    text = (DOCS / "index.md").read_text(encoding="utf-8")
+    users = text.split("## For users", 1)[1].split("\n## ", 1)[0]
+    maintainers = text.split("## For maintainers", 1)[1]
+    listed = [m for part in (users, maintainers) for m in re.findall(r"^\| \[([\w.-]+\.md)\]", part, re.M)]
+    pages = sorted(p.name for p in DOCS.glob("*.md") if p.name != "index.md")
+    assert sorted(listed) == pages  # each page once, none missing
+    assert text.index("## Quick start") < text.index("## For users") < text.index("## For maintainers")
+    for page in ("compatibility.md", "performance.md", "internals.md", "testing.md", "writing-a-patch.md"):
+        assert f"| [{page}]" in maintainers

@@ -112,8 +112,8 @@ def test_one_device_decision_and_one_on_off_parser() -> None:
 
 
 def _map_rows() -> list[set[str]]:
-    """The modules of each row of docs/index.md's "Where things live" table, top row first."""
-    text = (SRC.parent / "docs" / "index.md").read_text(encoding="utf-8")
+    """The modules of each row of docs/internals.md's "Where things live" table, top row first."""
+    text = (SRC.parent / "docs" / "internals.md").read_text(encoding="utf-8")
     table = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
     rows: list[set[str]] = []
     for line in table.splitlines():
@@ -156,7 +156,7 @@ def test_the_where_things_live_map_names_every_module_and_imports_point_down_it(
     rows = _map_rows()
     listed = set().union(*rows)
     modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__", "_version"}
-    assert modules - listed == set(), "docs/index.md 'Where things live' misses modules"
+    assert modules - listed == set(), "docs/internals.md 'Where things live' misses modules"
     row_of = {name: i for i, row in enumerate(rows) for name in row}
     upward = [
         f"{module} -> {imported}"
@@ -168,7 +168,7 @@ def test_the_where_things_live_map_names_every_module_and_imports_point_down_it(
 
 
 def test_the_map_names_every_patches_helper() -> None:
-    text = (SRC.parent / "docs" / "index.md").read_text(encoding="utf-8").split("## Where things live", 1)[1]
+    text = (SRC.parent / "docs" / "internals.md").read_text(encoding="utf-8").split("## Where things live", 1)[1]
     helpers = {p.stem for p in (PACKAGE / "patches").glob("_*.py")} - {"__init__"}
     helpers |= {p.stem for p in (PACKAGE / "patches").glob("*/*.py")} - {"__init__"}  # a subpackage family's modules
     assert {"_family", "rules", "kernels", "verify_cases"} <= helpers
@@ -184,7 +184,10 @@ def test_a_plainly_inactive_host_is_inactive_by_the_one_device_decision(monkeypa
     assert {*startup.DECIDING, *startup.SWITCHES} == set(_config.VARIABLES) - {
         "VERL_NPU_AUTOPATCH_ENABLE",
         "VERL_NPU_AUTOPATCH_DISABLE",
-        "VERL_NPU_AUTOPATCH_REPORT_DIR",  # where an active engine writes its report: no say in the decision
+        # where an active engine writes its report, and the files' mode: no say in the decision; they
+        # warn (a relative path, a mode not understood) only where an engine could write, never here
+        "VERL_NPU_AUTOPATCH_REPORT_DIR",
+        "VERL_NPU_AUTOPATCH_REPORT_MODE",
     }  # a new variable must be placed: does it change the decision, or warn?
     values = {
         "VERL_NPU_AUTOPATCH": (None, " ", "1", "Off", "maybe"),
