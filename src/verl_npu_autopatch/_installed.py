@@ -42,7 +42,7 @@ class Installations:
     def __init__(self, slots: Slots, strict_error: type[Exception]) -> None:
         self._slots = slots
         self._strict_error = strict_error  # the engine's PatchError
-        self._watcher: ownership.ReloadWatcher | None = None
+        self._reexecutions: ownership.Reexecutions | None = None
         self._absent: set[str] = set()  # modules ``settle`` was told do not exist
 
     # ----------------------------------------------------------------- application
@@ -150,10 +150,10 @@ class Installations:
         installed = ownership.installation(site, reason, undo)
         with self._slots.lock:
             slot.installed = installed
-            if self._watcher is None:
-                self._watcher = ownership.ReloadWatcher(self._watches, self._on_reload)
-            watcher = self._watcher
-        watcher.put_first(installed.target.module)
+            if self._reexecutions is None:
+                self._reexecutions = ownership.Reexecutions(self._watches, self._on_reload)
+            reexecutions = self._reexecutions
+        reexecutions.watch(installed.target.module)
 
     def recheck(self) -> None:
         """Re-check every applied (or displaced) patch against the live attribute and move its

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # without importing typing at run time
     from types import ModuleType
     from typing import Any, Literal
 
-    Mode = Literal["placeholder", "observing", "guarding", "resuming", "retired"]
+    Mode = Literal["placeholder", "observing", "guarding", "resuming", "watching", "retired"]
 
 #: Top-level packages whose first import activates the engine. ``tests`` check that every
 #: built-in patch target lives under one of these; the ``.pth`` line is rendered from it.
@@ -112,11 +112,17 @@ class Observer:
       packages wait for it in their loader (docs/internals.md, "Activation and threads");
     - ``resuming``: an activation was abandoned: observing, and a module of a watched package
       (which may be loaded already, unpatched) activates too;
+    - ``watching``: activation is over, but fixes went in: on ``sys.meta_path`` for their modules'
+      re-executions alone (``importlib.reload``, or a fresh import after leaving ``sys.modules``:
+      wrapt's hooks fire once per name), which the :meth:`watch` watchers answer;
     - ``retired``: off ``sys.meta_path``, its work here over (a ``.pth`` processed again puts no
       observer back); an abandoned activation makes it resume (:meth:`observe_again`).
+
+    In every mode a name in :attr:`again` (a module a fix went in on) is first offered to the
+    watchers: this is the process's one finder of ours.
     """
 
-    __slots__ = ("activator", "at_fork", "engine", "gated", "mode", "trigger", "woken_inactive")
+    __slots__ = ("activator", "again", "at_fork", "engine", "gated", "mode", "trigger", "watchers", "woken_inactive")
 
     #: Marks the observer on ``sys.meta_path`` (:func:`is_hook`).
     verl_npu_autopatch_observer = True
@@ -129,13 +135,21 @@ class Observer:
         self.woken_inactive = ""  # the watched package whose import found this host inactive
         self.engine: Any = None  # the process-wide engine, kept with the observer (:data:`ANCHOR`)
         self.at_fork = False  # the fork handler is registered (once per process)
+        self.again: frozenset[str] = frozenset()  # modules whose re-execution the watchers answer
+        self.watchers: list[Any] = []  # each with ``names`` and ``spec(fullname, path, target)``
 
     def find_spec(
         self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
     ) -> "ModuleSpec | None":
-        """A watched package's real spec with an activating loader; else ``None`` (one frozenset
-        lookup), unless guarding or resuming: then ``_activation.held`` (loaded: an activation
-        began) decides."""
+        """A re-executed patched module's spec from its watcher; a watched package's real spec with
+        an activating loader; else ``None`` (two frozenset lookups), unless guarding or resuming:
+        then ``_activation.held`` (loaded: an activation began) decides."""
+        if fullname in self.again:
+            spec = self._again(fullname, path, target)
+            if spec is not None:
+                return spec
+        if self.mode == "watching":
+            return None
         if fullname in WATCHED:
             spec = real_spec(fullname, path, target)
             return None if spec is None else activating(spec, None)
@@ -143,6 +157,25 @@ class Observer:
             return None
         work = sys.modules.get(WORK)
         return None if work is None else work.held(self, fullname, path, target)
+
+    def _again(self, fullname, path, target):
+        for watcher in list(self.watchers):
+            if fullname in watcher.names:
+                spec = watcher.spec(fullname, path, target)
+                if spec is not None:
+                    return spec
+        return None
+
+    def watch(self, watcher: "Any", name: str) -> None:
+        """Have ``watcher`` answer re-executions of module ``name`` (its ``spec``): on
+        ``sys.meta_path`` from now on (first, when not there yet), ``watching`` once retired."""
+        if not any(w is watcher for w in self.watchers):
+            self.watchers = [*self.watchers, watcher]
+        self.again = self.again | {name}
+        if not self.installed():
+            sys.meta_path.insert(0, self)
+            if self.mode == "retired":
+                self.mode = "watching"
 
     def installed(self) -> bool:
         """This observer is on ``sys.meta_path``."""
@@ -153,8 +186,8 @@ class Observer:
         return any(is_hook(finder) for finder in sys.meta_path)
 
     def _idle(self) -> bool:
-        """Switched off, or retired (a watched package already in ``sys.modules`` does not count)."""
-        return switched_off() or self.mode == "retired"
+        """Switched off, or activation over (a watched package already in ``sys.modules`` does not count)."""
+        return switched_off() or self.mode in ("retired", "watching")
 
     def take_over(
         self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
@@ -214,12 +247,17 @@ class Observer:
             pass
 
     def retire(self) -> None:
-        """Leave ``sys.meta_path`` for good (activation is over, or decided against)."""
+        """Activation is over, or decided against: ``watching`` while fixes went in (:meth:`watch`),
+        else off ``sys.meta_path`` for good."""
+        self.gated, self.activator, self.trigger = WATCHED, None, ""
+        if self.again and self.installed():
+            self.mode = "watching"
+            return
         try:
             _leave_meta_path(lambda finder: finder is self)
         except Exception:  # start-up code never raises; the observer then answers None for good
             pass
-        self.gated, self.activator, self.trigger, self.mode = WATCHED, None, "", "retired"
+        self.mode = "retired"
 
     def fall_inactive(self, name: str) -> None:
         """The import of watched package ``name`` found this host inactive: remember it and retire."""
@@ -230,7 +268,8 @@ class Observer:
         """An activation was abandoned: stop guarding and, if the start-up hook was in place
         (``hooked``), resume: the next import of a watched package, or of one of its modules, activates."""
         self.retire()
-        self.mode = "placeholder"
+        if self.mode == "retired":
+            self.mode = "placeholder"
         if hooked:
             self.mode = "resuming"
             self.observe()

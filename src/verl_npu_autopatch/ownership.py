@@ -5,8 +5,9 @@ record is read: if our installed value is no longer what the target (or an enclo
 the target is only reached through, ``Patch.via``) holds, the record becomes ``yielded`` when one
 of the patch's ``yields_to`` detectors recognises the new owner, else ``superseded`` naming it
 (``module.qualname``), or ``superseded: module reloaded`` when the module was re-executed or
-replaced in ``sys.modules``. :class:`ReloadWatcher` sees ``importlib.reload`` of a patched module
-and fresh imports of its name (wrapt's hooks fire once per name): the engine applies the fix again.
+replaced in ``sys.modules``. :class:`Reexecutions` answers ``importlib.reload`` of a patched module
+and fresh imports of its name (wrapt's hooks fire once per name), through the start-up observer:
+the engine applies the fix again.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ __all__ = [
     "THROUGH_TARGET",
     "Checks",
     "Installation",
-    "ReloadWatcher",
+    "Reexecutions",
     "declared_values",
     "detect",
     "enclosing_owner",
@@ -343,15 +344,13 @@ def live_module(module: ModuleType) -> ModuleType:
     return module if live is None else live
 
 
-class ReloadWatcher:
-    """A ``sys.meta_path`` finder that answers only a re-execution of a module whose fix went in:
-    ``importlib.reload`` (``find_spec`` with a ``target``) or a fresh import of its name (the
-    module was deleted from ``sys.modules``: test-isolation fixtures, hot-reload tools). It wraps
-    the real loader found by the finders after it; wrapt's post-import hooks fire once per name.
-    Every other lookup costs one set lookup (:attr:`names`, the modules ever patched) and returns
-    ``None``."""
-
-    verl_npu_autopatch_reload_watcher = True
+class Reexecutions:
+    """What answers a re-execution of a module whose fix went in: ``importlib.reload``
+    (``find_spec`` with a ``target``) or a fresh import of its name (the module was deleted from
+    ``sys.modules``: test-isolation fixtures, hot-reload tools). The start-up observer, the one
+    finder of ours, hands it those names (:attr:`names`, the modules ever patched: ``watch``);
+    it wraps the real loader found by the finders after the observer, so the engine applies the
+    fix again (wrapt's post-import hooks fire once per name)."""
 
     def __init__(self, wanted: Callable[[str], bool], callback: Callable[[ModuleType, str], None]) -> None:
         self._wanted = wanted
@@ -360,7 +359,9 @@ class ReloadWatcher:
         self._lock = threading.Lock()
         self.names: set[str] = set()  # the modules a fix went in on (a superset of those watched now)
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+    def spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        """The spec of ``name`` with a loader that calls back once it executed, or ``None`` (not a
+        module of an applied fix, or the finders after the observer do not have it)."""
         if name not in self.names or name in self._busy:
             return None
         try:
@@ -369,7 +370,9 @@ class ReloadWatcher:
             with self._lock:
                 self._busy.add(name)
             try:
-                spec = self._find_after_self(name, path, target)
+                from verl_npu_autopatch._startup import real_spec
+
+                spec = real_spec(name, path, target)
             finally:
                 with self._lock:
                     self._busy.discard(name)
@@ -381,20 +384,9 @@ class ReloadWatcher:
         except Exception:  # never break the user's import
             return None
 
-    def _find_after_self(self, name: str, path: Any, target: Any) -> Any:
-        for finder in list(sys.meta_path):
-            if finder is self:
-                continue
-            find = getattr(finder, "find_spec", None)
-            if find is None:
-                continue
-            spec = find(name, path, target)
-            if spec is not None:
-                return spec
-        return None
+    def watch(self, name: str) -> None:
+        """Answer re-executions of module ``name`` from now on, through the start-up observer."""
+        from verl_npu_autopatch._startup import OBSERVER
 
-    def put_first(self, name: str) -> None:
-        """Watch module ``name``; put the watcher first on ``sys.meta_path`` (once)."""
         self.names.add(name)
-        if self not in sys.meta_path:
-            sys.meta_path.insert(0, self)
+        OBSERVER.watch(self, name)

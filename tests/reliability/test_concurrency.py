@@ -32,7 +32,7 @@ from verl_npu_autopatch._startup import OBSERVER
 def activation_began():
     if any(getattr(f, "verl_npu_autopatch_placeholder", False) for f in sys.meta_path):
         return False  # the .pth line's placeholders: no watched import yet
-    return OBSERVER.mode == "guarding" or not OBSERVER.installed()  # guarding, or gone once activation is over
+    return OBSERVER.mode in ("guarding", "watching") or not OBSERVER.installed()  # activation began
 
 barrier = threading.Barrier(THREADS)
 calls, errors, cpython_races = [], [], []

@@ -1,5 +1,5 @@
-"""House rules over the package's source: no module over 400 lines, and no exception swallowed
-without a word on why."""
+"""House rules over the package's source: no module past 500 lines (a prompt to check it is one
+concept, never a reason to cut a concept in two), and no exception swallowed without a word on why."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "verl_npu_autopatch"
 MODULES = sorted(PACKAGE.rglob("*.py"))
-MAX_LINES = 400
+MAX_LINES = 500
 #: Statement kinds a handler that only falls back to a default is made of.
 FALLBACKS = (ast.Pass, ast.Continue, ast.Break, ast.Return, ast.Assign, ast.AnnAssign)
 
 
-def test_no_module_is_over_400_lines() -> None:
+def test_no_module_is_over_500_lines() -> None:
     lengths = {str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines()) for p in MODULES}
     assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
     assert "patches/ascend_glm52/__init__.py" in lengths and "engine.py" in lengths  # patches/ is walked too
