@@ -189,8 +189,8 @@ def test_status_first_screen_is_a_summary_that_fits_120_columns(base_python: Pat
     for plan in data["patches"]:
         counts[plan["state"]] = counts.get(plan["state"], 0) + 1
         groups[plan["state"], plan["reason"]] = groups.get((plan["state"], plan["reason"]), 0) + 1
-    assert set(counts) <= {"gated", "disabled"}  # no NPU stack here: nothing would apply
-    expected = ", ".join(f"{counts[s]} {s}" for s in ("gated", "disabled") if s in counts)
+    assert set(counts) <= {"gated", "disabled", "inactive"}  # no NPU stack here: nothing would apply
+    expected = ", ".join(f"{counts[s]} {s}" for s in ("gated", "disabled", "inactive") if s in counts)
     assert f"summary: {len(data['patches'])} patches: {expected}" in lines
     for (state, reason), count in groups.items():
         assert f"  {state} ({count}): {reason}" in lines
@@ -228,7 +228,9 @@ def test_doctor_first_screen_summarises_and_lists_what_needs_attention(base_pyth
     lines = assert_fits(proc.stdout)
     records = {r["name"]: r for r in data["records"]}
     applied = [name for name, r in records.items() if r["state"] == "applied"]
-    assert lines[1].startswith(f"summary: {len(records)} patches: {len(applied)} applied, ")
+    assert lines[0] == "verl-npu-autopatch 0.1.0: device npu (forced)"
+    assert lines[1].startswith("engine active: activated by doctor (pid ")
+    assert lines[2].startswith(f"summary: {len(records)} patches: {len(applied)} applied, ")
     assert f"  applied ({len(applied)})" in lines and "  superseded (1)" in lines
     attention = lines[lines.index("needs attention:") + 1 :]
     assert "  superseded: fixture.forward: replaced by autopatch_usurper.usurped_forward" in attention
@@ -242,4 +244,5 @@ def test_doctor_first_screen_summarises_and_lists_what_needs_attention(base_pyth
             rows[cells[0]] = cells[1:3] if len(cells) > 2 else [*cells[1:], after.strip()]
     for name, record in records.items():  # state, then the first target without its package path
         module, _, qualname = record["target"].split(" | ")[0].partition(":")
-        assert rows[name] == [record["state"], f"{module.rsplit('.', 1)[-1]}:{qualname}"]
+        shown = module if qualname == "__file__" else f"{module.rsplit('.', 1)[-1]}:{qualname}"  # a trigger: whole
+        assert rows[name] == [record["state"], shown]
