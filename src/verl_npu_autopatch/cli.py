@@ -20,14 +20,7 @@ from verl_npu_autopatch import _bugreport, _cli_help, _environment, _fleet_view,
 from verl_npu_autopatch._config import VARIABLES, read_config, variable_warnings
 from verl_npu_autopatch._startup import OBSERVER
 from verl_npu_autopatch._version import __version__
-from verl_npu_autopatch.doctor import (  # noqa: F401  (doctor_exit_code, print_doctor: kept importable from here)
-    DOCTOR_TIMEOUT_S,
-    MISMATCH,
-    TIMED_OUT,
-    doctor_exit_code,
-    print_doctor,
-    run_doctor,
-)
+from verl_npu_autopatch.doctor import DOCTOR_TIMEOUT_S, MISMATCH, TIMED_OUT, run_doctor
 from verl_npu_autopatch.records import table
 from verl_npu_autopatch.spec import Patch, Target
 from verl_npu_autopatch.verify import absent as verify_absent
