@@ -158,7 +158,8 @@ def print_doctor(data: dict[str, Any], full: bool = False) -> None:
     version = f"verl-npu-autopatch {data.get('environment', {}).get('verl_npu_autopatch', __version__)}"
     if data["status"] in ("timed-out", "crashed"):
         what = "TIMED OUT" if data["status"] == "timed-out" else "the child interpreter crashed"
-        _summary.say(f"{version}: doctor: {what}: {data['reason']}")
+        _summary.say(f"{version}: doctor: {what}")
+        _summary.say(data["reason"])
         show(first_screen(data["stderr"], full), end="")
         return
     _summary.say(f"{version}: device {data['device']}")

@@ -129,7 +129,7 @@ def test_huge_message_doctor_first_screen_is_short(base_python: Path) -> None:
     code, out = doctor(base_python, env)
     lines = out.splitlines()
     assert code == 1 and "fixture.broken" in out
-    assert len(lines) < 80, len(lines)
+    assert len(lines) < 100, len(lines)  # not the 2,500 lines of the log (each opt-in group: a block of its own)
     assert max(map(len, lines)) <= 120
     data = json.loads(doctor(base_python, env, "--json")[1])
     reason = next(r["reason"] for r in data["records"] if r["name"] == "fixture.broken")
