@@ -45,6 +45,50 @@ VARIABLES = {
     LEGACY_GLM52: "1 / true / yes turns on group glm52 (legacy verl switch)",
 }
 
+#: Variables under the prefix read by the repository's scripts, not by the package (never warned about).
+SCRIPT_VARIABLES = (f"{PREFIX}_UPSTREAM_CACHE",)
+
+#: How close (``difflib`` ratio) a variable name must be to a known name, and its first
+#: ``len(PREFIX)`` characters to the prefix, to be taken for a misspelling.
+NEAR_NAME, NEAR_PREFIX = 0.9, 0.85
+
+
+def unknown_variables(environ: "Mapping[str, str] | None" = None) -> "list[tuple[str, str]]":
+    """``(name, closest known name or "")`` for each variable of ``environ`` that looks meant for
+    this package but is not one it reads: ``VERL_NPU_AUTOPATCH_*`` names it does not know
+    (``..._DISABLED``) and near misses of a known name or of the prefix (``VERL_NPU_AUTOPACH_DISABLE``).
+    Only the command line calls this (``status``, ``doctor``, ``bug-report``): start-up and
+    activation never look."""
+    import difflib
+
+    env = os.environ if environ is None else environ
+    known = sorted(VARIABLES)
+    found = []
+    for name in sorted(env):
+        upper = name.upper()[: 2 * len(PREFIX) + SHOWN]  # a huge name is compared by its head
+        if name in VARIABLES or name in SCRIPT_VARIABLES:
+            continue
+        longer = upper.startswith(PREFIX + "_")  # not the master switch with something after it
+        close = difflib.get_close_matches(upper, [k for k in known if not longer or k != PREFIX], n=1, cutoff=NEAR_NAME)
+        head = difflib.SequenceMatcher(None, upper[: len(PREFIX)], PREFIX).ratio()
+        if not (close or upper.startswith(PREFIX) or head >= NEAR_PREFIX):
+            continue
+        if not close and upper.startswith(PREFIX):  # the known name whose rest is closest, if any
+            rests = {k[len(PREFIX) :]: k for k in known if k.startswith(PREFIX + "_")}
+            close = [rests[r] for r in difflib.get_close_matches(upper[len(PREFIX) :], rests, n=1, cutoff=0.6)]
+        found.append((name, close[0] if close else ""))
+    return found
+
+
+def variable_warnings(environ: "Mapping[str, str] | None" = None) -> "list[str]":
+    """One warning per :func:`unknown_variables` entry, with a "did you mean"."""
+    return [
+        f"{shown(name)} is set but is not a variable verl-npu-autopatch reads (ignored); "
+        + (f"did you mean {close}? " if close else "")
+        + "the variables: docs/configuration.md"
+        for name, close in unknown_variables(environ)
+    ]
+
 
 class Config:
     """The parsed configuration plus the warnings parsing produced."""
@@ -110,16 +154,12 @@ class Config:
     def unknown_names(self, known: set[str]) -> list[str]:
         """One short warning per ENABLE/DISABLE entry that names no patch, group or entry point
         in ``known`` (in any case), with the closest known names."""
-        import difflib
-
-        spelled = {name.casefold(): name for name in sorted(known, reverse=True)}  # the first spelling wins
+        folded = _folded(known)
         found = []
         for variable, names in ((f"{PREFIX}_ENABLE", self.enable), (f"{PREFIX}_DISABLE", self.disable)):
-            unknown = sorted(name for name in names if name.casefold() not in spelled)
+            unknown = sorted(name for name in names if name.casefold() not in folded)
             for name in unknown[:NAMES_SHOWN]:
-                folded = name.casefold() if len(name) <= SHOWN else ""
-                close = difflib.get_close_matches(folded, sorted(spelled), n=3, cutoff=0.6) if folded else []
-                hint = f"did you mean {' or '.join(repr(spelled[c]) for c in close)}? " if close else ""
+                hint = closest(name, known)
                 found.append(
                     f"{variable}: unknown patch or group {shown(name)}; {hint}`verl-npu-autopatch list` shows the names"
                 )
@@ -129,6 +169,17 @@ class Config:
                     f"{variable}: {more:,} more unknown patch or group names; `verl-npu-autopatch list` shows the names"
                 )
         return found
+
+
+def closest(name: str, known: "Iterable[str]") -> str:
+    """``"did you mean 'a' or 'b'? "``: the known names closest to ``name`` in any case (up to three),
+    or "" (also for a name longer than :data:`SHOWN`)."""
+    import difflib
+
+    spelled = {k.casefold(): k for k in sorted(known, reverse=True)}  # the first spelling wins
+    folded = name.casefold() if len(name) <= SHOWN else ""
+    close = difflib.get_close_matches(folded, sorted(spelled), n=3, cutoff=0.6) if folded else []
+    return f"did you mean {' or '.join(repr(spelled[c]) for c in close)}? " if close else ""
 
 
 def shown(raw: str) -> str:

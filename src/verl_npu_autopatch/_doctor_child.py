@@ -19,6 +19,8 @@ import sys
 
 DOCTOR_MARK = "@@verl-npu-autopatch-doctor@@"
 STEP_MARK = "@@verl-npu-autopatch-step@@"
+#: Before the first import: how many targets there are to import (the parent's progress line).
+COUNT_MARK = "@@verl-npu-autopatch-targets@@"
 
 
 def step(what: str) -> None:
@@ -39,7 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     eng = engine()
     absent: set[str] = set()
     errors: dict[str, str] = {}
-    for module in eng.pending_modules():
+    modules = eng.pending_modules()
+    sys.stdout.write(f"\n{COUNT_MARK}{len(modules)}\n")
+    for module in modules:
         step("import " + module)
         try:
             importlib.import_module(module)

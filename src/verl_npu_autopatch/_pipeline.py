@@ -65,7 +65,8 @@ def plan(patch: Patch | Declared, config: Config) -> Plan:
     if disabled:
         return Plan("disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE", versions, ())
     if not patch.default and not enabled:
-        return Plan("disabled", "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE", versions, ())
+        group = (*patch.groups, patch.name)[0]  # an opt-in patch's first group turns it on (else its name)
+        return Plan("disabled", f"opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE={group}", versions, ())
     failure = first_failure(patch.requires, versions)
     if failure:
         return Plan("gated", failure, versions, ())

@@ -1,8 +1,10 @@
-"""Command line: ``verl-npu-autopatch status | list | doctor | fleet`` (also ``python -m verl_npu_autopatch``).
+"""Command line: ``verl-npu-autopatch status | list | doctor | fleet | bug-report`` (also
+``python -m verl_npu_autopatch``).
 
-``status`` and ``list`` are here; ``doctor`` runs through :mod:`verl_npu_autopatch.doctor` and
+``status`` and ``list`` are here; ``doctor`` runs through :mod:`verl_npu_autopatch.doctor`,
 ``doctor --ray`` through :mod:`verl_npu_autopatch.ray_doctor`, which never import this module (a
-Ray node's probe is told to run :func:`status_data` by name)."""
+Ray node's probe is told to run :func:`status_data` by name), and ``bug-report`` through
+:mod:`verl_npu_autopatch._bugreport`. The help texts are in :mod:`verl_npu_autopatch._cli_help`."""
 
 from __future__ import annotations
 
@@ -14,18 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_npu_autopatch import _environment, _fleet_view, _summary, catalog
-from verl_npu_autopatch._config import VARIABLES, read_config
+from verl_npu_autopatch import _bugreport, _cli_help, _environment, _fleet_view, _summary, catalog, doctor
+from verl_npu_autopatch._config import VARIABLES, read_config, variable_warnings
 from verl_npu_autopatch._startup import OBSERVER
 from verl_npu_autopatch._version import __version__
-from verl_npu_autopatch.doctor import (
-    DOCTOR_TIMEOUT_S,
-    MISMATCH,
-    TIMED_OUT,
-    doctor_exit_code,
-    print_doctor,
-    run_doctor,
-)
+from verl_npu_autopatch.doctor import DOCTOR_TIMEOUT_S, MISMATCH, TIMED_OUT, run_doctor
 from verl_npu_autopatch.records import table
 from verl_npu_autopatch.spec import Patch, Target
 from verl_npu_autopatch.verify import absent as verify_absent
@@ -91,7 +86,7 @@ def status_data(timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
     config = read_config()
     device, inactive = _environment.device_decision(config)
     loaded = catalog.load(config.disable, timeout)
-    warnings = [*config.warnings, *config.unknown_names(loaded.names())]
+    warnings = [*config.warnings, *config.unknown_names(loaded.names()), *variable_warnings()]
     errors = []
     if not inactive:
         problem = _environment.wrapt_problem()
@@ -100,7 +95,8 @@ def status_data(timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
     plans = []
     for patch in loaded.patches:
         plan = _pipeline.plan(patch, config)
-        state = plan.state if not inactive or plan.state != "pending" else "inactive"
+        # the engine's own decision first: a plan that waits, or needs the NPU stack, is inactive here
+        state = "inactive" if inactive and (plan.state == "pending" or plan.reason == NPU_STACK_GATE) else plan.state
         plans.append(
             {
                 "name": patch.name,
@@ -132,7 +128,13 @@ def status_data(timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
         "patches": plans,
         "load_errors": [{"name": n, "error": e} for n, e, _ in loaded.errors],
         "skipped_entry_points": loaded.skipped,
+        "environment": _bugreport.environment(),
     }
+
+
+#: The gate of a patch that needs the NPU stack (``_pipeline.plan``): on a host where the engine
+#: stays inactive, ``status`` gives such a patch the engine's reason, so one cause has one label.
+NPU_STACK_GATE = "needs the NPU stack (torch_npu)"
 
 
 def verified_status_data() -> dict[str, Any]:
@@ -167,14 +169,25 @@ def status_attention(data: dict[str, Any]) -> list[str]:
     return items
 
 
+def hook_state(data: dict[str, Any]) -> str:
+    """What the start-up hook does in this process, as ``status`` says it."""
+    if not data["configuration"]["enabled"]:
+        where = "in place but idle" if data["observer_installed"] else "not in place"
+        return f"{where}: VERL_NPU_AUTOPATCH is off, so the first watched import imports nothing and nothing is patched"
+    if not data["observer_installed"]:
+        return "NOT in place (see docs/troubleshooting.md, The start-up hook does not run)"
+    return f"in place ({data['observer']})"
+
+
 def print_status(data: dict[str, Any], full: bool = False) -> None:
-    """The summary (and with ``full`` every patch and what it touches), fitting 120 columns."""
+    """The summary (and with ``full`` every patch and what it touches), fitting the terminal."""
     say, show = _summary.say, _summary.show
     say(f"verl-npu-autopatch {data['version']}: device {data['device']}")
     if not data["active"]:
         say(f"inactive: {data['inactive_reason']}")
     rows = _status_rows(data)
-    show("\n".join(_summary.groups([(n, s, r) for n, s, r in rows], [row[0] for row in rows], "status --all")))
+    more = "" if full else "status --all"
+    show("\n".join(_summary.groups([(n, s, r) for n, s, r in rows], [row[0] for row in rows], more)))
     show("\n" + "\n".join(_summary.attention(status_attention(data))))
     show()
     say(f"package: {data['package']}")
@@ -182,20 +195,21 @@ def print_status(data: dict[str, Any], full: bool = False) -> None:
     show("start-up files:")
     for path in data["install_files"] or ["NOT FOUND: start-up hook not installed in this environment"]:
         say(path, indent="  ")
-    say(f"observer installed in this process: {'yes' if data['observer_installed'] else 'no'}")
+    say(f"start-up hook in this process: {hook_state(data)}")
     say("configuration: " + ", ".join(f"{k}={v}" for k, v in data["configuration"].items() if k != "warnings"))
     say("installed: " + ", ".join(f"{k} {v}" for k, v in data["distributions"].items() if v))
     if not full:
-        show("\nevery patch, its reason and what it touches: verl-npu-autopatch status --all")
+        show()
+        say("every patch, its reason and what it touches: verl-npu-autopatch status --all")
         return
     show()
-    show(table(rows, ["patch", "decision", "why"], width=_summary.WIDTH) if rows else "no patches in the catalog")
+    show(table(rows, ["patch", "decision", "why"], width=_summary.width()) if rows else "no patches in the catalog")
     if data["patches"]:
         show("\nwhat each patch touches:")
         for plan in data["patches"]:
-            show(f"  {plan['name']} ({plan['defined_at']}):")
+            say(f"{plan['name']} ({plan['defined_at']}):", indent="  ")
             for line in plan["touches"]:
-                say(line, indent="    ")
+                say(_summary.site(line), indent="    ")
 
 
 def catalog_data() -> list[dict[str, Any]]:
@@ -221,7 +235,9 @@ def _markdown_site(line: str) -> str:
     """One line of :func:`touches` in the catalog table: places and files as code."""
     line, found, note = line.partition(" (found in")
     note = found + note
-    for label in ("triggered by ", "also changes ", "decision table reads ", STALE_SOURCE):
+    line = _summary.site(line)
+    labels = ("triggered by the import of ", "triggered by ", "also changes ", "decision table reads ", STALE_SOURCE)
+    for label in labels:
         if line.startswith(label):
             items = line[len(label) :].split(", ") if label.endswith("reads ") else [line[len(label) :]]
             return label + ", ".join(f"`{item}`" for item in items) + note
@@ -250,13 +266,16 @@ def catalog_markdown(entries: list[dict[str, Any]]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="verl-npu-autopatch", description="Ascend-NPU runtime fixes for verl, applied in every process."
-    )
+    """The command line: every command with its description, exit codes and variables (``--help``)."""
+    options = _cli_help.parser_options
+    parser = argparse.ArgumentParser(prog="verl-npu-autopatch", **options())
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", help="this environment, configuration and each patch's gates")
-    status.add_argument("--json", action="store_true")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    json_help = _cli_help.JSON_HELP
+    status = sub.add_parser(
+        "status", help="this environment, configuration and each patch's gates", **options("status")
+    )
+    status.add_argument("--json", action="store_true", help=json_help)
     status.add_argument("--all", action="store_true", help="every patch, its reason and what it touches")
     status.add_argument(
         "--timeout",
@@ -265,22 +284,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"how long each plugin's entry point may take to load (default {STATUS_TIMEOUT_S:g})",
     )
-    listing = sub.add_parser("list", help="the patch catalog")
-    listing.add_argument("--json", action="store_true")
-    listing.add_argument("--markdown", action="store_true", help="print docs/patches.md")
-    doctor = sub.add_parser("doctor", help="import every installed target in a fresh interpreter and report")
-    doctor.add_argument("--json", action="store_true")
-    doctor.add_argument("--device", choices=["npu", "auto", "none"], help="npu: dry run on a non-NPU host")
-    doctor.add_argument("--all", action="store_true", help="every record with its target and reason")
-    doctor.add_argument(
+    listing = sub.add_parser("list", help="the patch catalog", **options("list"))
+    form = listing.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help=json_help)
+    form.add_argument("--markdown", action="store_true", help="print docs/patches.md")
+    form.add_argument("--all", action="store_true", help="each patch's groups, whole summary and what it touches")
+    doctor_help = "import every installed target in a fresh interpreter and report"
+    check = sub.add_parser("doctor", help=doctor_help, **options("doctor"))
+    check.add_argument("--json", action="store_true", help=json_help)
+    check.add_argument("--device", choices=["npu", "auto", "none"], help="npu: dry run on a non-NPU host")
+    check.add_argument("--all", action="store_true", help="every record with its target and reason, the whole log")
+    check.add_argument(
         "--verify",
         action="store_true",
         help="also run each applied kernel patch against upstream on tiny inputs on the device (errors, time); "
         f"exit code {MISMATCH} when one disagrees or cannot run (with --ray: every node, a problem there)",
     )
-    doctor.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="probe every node of a Ray cluster")
-    doctor.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the node probes run in")
-    doctor.add_argument(
+    check.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="probe every node of a Ray cluster")
+    check.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the node probes run in")
+    check.add_argument(
         "--timeout",
         type=seconds,
         metavar="SECONDS",
@@ -289,6 +311,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fleet = sub.add_parser("fleet", help="what every live process of a job decided (VERL_NPU_AUTOPATCH_REPORT_DIR)")
     _fleet_view.add_arguments(fleet)
+    report = sub.add_parser("bug-report", help="one paste-ready dump for an issue", **options("bug-report"))
+    report.add_argument("--json", action="store_true", help=json_help)
+    report.add_argument(
+        "--timeout",
+        type=seconds,
+        default=DOCTOR_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"how long the doctor child may run (default {DOCTOR_TIMEOUT_S:g})",
+    )
     return parser
 
 
@@ -325,13 +356,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # the bare command: the help, as for a command line that is incomplete
+        parser.print_help(sys.stderr)
+        return _cli_help.USAGE
     if args.command == "status":
         data = status_data(args.timeout)
         print(json.dumps(data, indent=2)) if args.json else print_status(data, full=args.all)
         return 0
     if args.command == "fleet":
         return _fleet_view.main(args)
+    if args.command == "bug-report":
+        found = _bugreport.collect(args.timeout)
+        print(json.dumps(found, indent=2)) if args.json else _summary.show(_bugreport.markdown(found), end="")
+        return 0
     if args.command == "list":
         entries = catalog_data()
         if args.json:
@@ -339,14 +378,13 @@ def _main(argv: list[str] | None) -> int:
         elif args.markdown:
             _summary.show(catalog_markdown(entries), end="")
         else:
-            rows = [[e["name"], ",".join(e["groups"]), e["default"], e["device"], e["summary"]] for e in entries]
-            _summary.show(table(rows, ["patch", "groups", "default", "device", "summary"]))
+            _summary.show("\n".join(_summary.catalog_lines(entries, args.all)))
+            if not args.all:
+                _summary.say("groups, whole summaries and what each patch touches: verl-npu-autopatch list --all")
         return 0
     if args.ray is not None or args.runtime_env is not None:
         from verl_npu_autopatch import ray_doctor
 
         probe = verified_status_data if args.verify else status_data
         return ray_doctor.main(args, status=f"{__name__}:{probe.__name__}")
-    data = run_doctor(args.device, DOCTOR_TIMEOUT_S if args.timeout is None else args.timeout, verify=args.verify)
-    print(json.dumps(data, indent=2)) if args.json else print_doctor(data, full=args.all)
-    return doctor_exit_code(data)
+    return doctor.main(args, _bugreport.environment)

@@ -8,11 +8,15 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_npu_autopatch import _summary
-from verl_npu_autopatch._doctor_child import DOCTOR_MARK, STEP_MARK
+from verl_npu_autopatch._doctor_child import COUNT_MARK, DOCTOR_MARK, STEP_MARK
 from verl_npu_autopatch._text import printable
+from verl_npu_autopatch._version import __version__
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 #: Seconds the doctor child may run (a cold vLLM import takes about a minute on a slow disk).
 DOCTOR_TIMEOUT_S = 600.0
@@ -25,14 +29,24 @@ OK, PATCH_FAILED, CRASHED, TIMED_OUT, MISMATCH = 0, 1, 2, 3, 4
 #: The command line of the doctor child, after the interpreter.
 CHILD = ("-m", "verl_npu_autopatch._doctor_child")
 
+#: Variables the doctor child runs without: with ``VERL_NPU_AUTOPATCH_REPORT_DIR`` (set in a job's
+#: shell) it would write its report into the job's directory, where ``fleet`` lists it.
+CHILD_DROPS = ("VERL_NPU_AUTOPATCH_REPORT_DIR",)
 
-def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bool = False) -> dict[str, Any]:
-    """Run the doctor child: a fresh interpreter of this environment imports every target (and
-    with ``verify`` checks the kernels against upstream). It runs in its own session, so a timeout
-    ends it and anything it started there; what it leaves behind elsewhere (a grandchild in a
-    session of its own holding the pipe) is waited for :data:`GRACE_S` at most. Its output is
-    UTF-8 whatever the locale."""
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+
+def run_doctor(
+    device: str | None,
+    timeout: float = DOCTOR_TIMEOUT_S,
+    verify: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the doctor child: a fresh interpreter of this environment (without :data:`CHILD_DROPS`)
+    imports every target (and with ``verify`` checks the kernels against upstream). It runs in its
+    own session, so a timeout ends it and anything it started there; what it leaves behind
+    elsewhere (a grandchild in a session of its own holding the pipe) is waited for :data:`GRACE_S`
+    at most. Its output is UTF-8 whatever the locale. ``progress`` is given what the child has
+    written so far, a few times a second while it runs."""
+    env = {**{k: v for k, v in os.environ.items() if k not in CHILD_DROPS}, "PYTHONIOENCODING": "utf-8"}
     if device:
         env["VERL_NPU_AUTOPATCH_DEVICE"] = device
     proc = subprocess.Popen(
@@ -45,7 +59,7 @@ def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bo
         start_new_session=True,
     )
     try:
-        stdout, stderr = _communicate(proc, timeout)
+        stdout, stderr = _communicate(proc, timeout, progress)
     except subprocess.TimeoutExpired:
         stdout, stderr = _end(proc)
         steps = [line.split(STEP_MARK, 1)[1] for line in stdout.splitlines() if STEP_MARK in line]
@@ -68,15 +82,20 @@ def run_doctor(device: str | None, timeout: float = DOCTOR_TIMEOUT_S, verify: bo
 GRACE_S = 2.0
 
 
-def _communicate(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+def _communicate(
+    proc: subprocess.Popen[str], timeout: float, progress: Callable[[str], None] | None = None
+) -> tuple[str, str]:
     """The child's output once it exited, within ``timeout`` (``TimeoutExpired`` otherwise). A child
     that exited while a process it left behind holds the pipes open is not waited for: what it
-    wrote is read for :data:`GRACE_S` more."""
+    wrote is read for :data:`GRACE_S` more. ``progress`` sees the output so far at each poll."""
     deadline = time.monotonic() + timeout
+    poll = 0.25 if progress else 1.0
     while True:
         try:
-            return proc.communicate(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:  # retried: communicate() loses no output
+            return proc.communicate(timeout=max(0.0, min(poll, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired as waiting:  # retried: communicate() loses no output
+            if progress is not None:
+                progress(_text(waiting.stdout))
             if proc.poll() is not None:
                 return _end(proc)
             if time.monotonic() >= deadline:
@@ -132,26 +151,32 @@ def doctor_attention(data: dict[str, Any]) -> list[str]:
 
 
 def print_doctor(data: dict[str, Any], full: bool = False) -> None:
-    """The report as ``doctor`` prints it, fitting 120 columns (tracebacks aside): the engine
-    line, the summary and what needs attention (``full``: every record), the verification, what
-    went wrong. Every line is escaped (``_summary.show``): reasons and the log are foreign text."""
-    show = _summary.show
-    if data["status"] == "timed-out":
-        show(f"doctor: TIMED OUT: {data['reason']}\n{data['stderr']}")
+    """The report as ``doctor`` prints it, fitting the terminal (``_summary.width``): the version and
+    the engine, the summary and what needs attention (``full``: every record), the verification,
+    what went wrong. Every line is escaped (``_summary.show``): reasons and the log are foreign text."""
+    show, columns = _summary.show, _summary.width()
+    version = f"verl-npu-autopatch {data.get('environment', {}).get('verl_npu_autopatch', __version__)}"
+    if data["status"] in ("timed-out", "crashed"):
+        what = "TIMED OUT" if data["status"] == "timed-out" else "the child interpreter crashed"
+        _summary.say(f"{version}: doctor: {what}")
+        _summary.say(data["reason"])
+        show(first_screen(data["stderr"], full), end="")
         return
-    if data["status"] == "crashed":
-        show(f"doctor: the child interpreter crashed ({data['reason']})\n{data['stderr']}")
-        return
-    _summary.say(f"engine: {data['status']} ({data['reason']}); device: {data['device']}; pid {data['pid']}")
+    _summary.say(f"{version}: device {data['device']}")
+    _summary.say(f"engine {data['status']}: {data['reason']} (pid {data['pid']})")
     if data["status"] == "inactive" and data["reason"].startswith("switched off"):
-        show("patching is switched off in this environment: unset VERL_NPU_AUTOPATCH (or set it to 1) to turn it on")
+        _summary.say(
+            "patching is switched off in this environment: unset VERL_NPU_AUTOPATCH (or set it to 1) to turn it on"
+        )
     elif data["status"] == "inactive" and not data["records"]:
-        show("nothing is patched on this host; `verl-npu-autopatch doctor --device npu` is a dry run of an NPU host")
+        _summary.say(
+            "nothing is patched on this host; `verl-npu-autopatch doctor --device npu` is a dry run of an NPU host"
+        )
     records = data["records"]
     if records:
         names = [r["name"] for r in records]
         rows = ((r["name"], r["state"], r["reason"]) for r in records)
-        show("\n".join(_summary.groups(rows, names, "doctor --all")))
+        show("\n".join(_summary.groups(rows, names, "" if full else "doctor --all")))
     show("\n".join(_summary.attention(doctor_attention(data))))
     if records and full:
         full_rows = [(r["name"], r["state"], r["target"], r["reason"]) for r in records]
@@ -161,7 +186,8 @@ def print_doctor(data: dict[str, Any], full: bool = False) -> None:
     if "verify" in data:
         from verl_npu_autopatch.verify import render
 
-        show("\n" + "\n".join(render(data["verify"])))
+        lines = render(data["verify"], columns)  # its table is as wide as its cells: wrapped here
+        show("\n" + "\n".join(part for line in lines for part in _summary.fold(line, columns)))
     superseded = [r["name"] for r in records if r["state"] == "superseded"]
     if superseded:
         show()
@@ -171,9 +197,11 @@ def print_doctor(data: dict[str, Any], full: bool = False) -> None:
         )
     failed = [r["name"] for r in records if r["state"] == "failed"]
     if failed:
-        show(f"\nFAILED: {', '.join(failed)} (tracebacks follow)\n{first_screen(data['stderr'], full)}")
+        show()
+        _summary.say(f"FAILED: {', '.join(failed)} (tracebacks follow)")
+        show(first_screen(data["stderr"], full), end="")
     elif data["status"] == "failed":
-        show(f"\n{first_screen(data['stderr'], full)}")
+        show(f"\n{first_screen(data['stderr'], full)}", end="")
 
 
 #: Lines of the child's log (tracebacks) ``doctor`` shows without ``--all``.
@@ -181,11 +209,80 @@ LOG_LINES = 20
 
 
 def first_screen(log: str, full: bool) -> str:
-    """The child's log: in full with ``full``, else its first :data:`LOG_LINES` lines, each cut
-    to the width, and how to see the rest."""
+    """The child's log, each line escaped and no wider than the terminal: in full with ``full``
+    (long lines folded onto the next), else its first :data:`LOG_LINES` lines, each cut, and how
+    to see the rest."""
+    columns = _summary.width()
     lines = [printable(line) for line in log.rstrip("\n").split("\n")] if log else []
-    if full or (len(lines) <= LOG_LINES and all(len(line) <= _summary.WIDTH for line in lines)):
-        return "\n".join(lines) + "\n" if lines else log
-    shown = [line if len(line) <= _summary.WIDTH else line[: _summary.WIDTH - 3] + "..." for line in lines[:LOG_LINES]]
-    more = f"{len(lines) - len(shown)} more lines" if len(lines) > len(shown) else "long lines cut"
+    if full or (len(lines) <= LOG_LINES and all(len(line) <= columns for line in lines)):
+        return "".join(part + "\n" for line in lines for part in _summary.fold(line, columns))
+    shown = [line if len(line) <= columns else line[: columns - 3] + "..." for line in lines[:LOG_LINES]]
+    more = _summary.count(len(lines) - len(shown), "more line") if len(lines) > len(shown) else "long lines cut"
     return "\n".join([*shown, f"... ({more}; the whole log: verl-npu-autopatch doctor --all)"]) + "\n"
+
+
+def add_warnings(data: dict[str, Any]) -> None:
+    """Add to the child's report what only the command line checks: variables set in this
+    environment that look meant for the package but are not read (``_config.unknown_variables``)."""
+    from verl_npu_autopatch._config import variable_warnings
+
+    if "warnings" in data:
+        data["warnings"] = [*data["warnings"], *variable_warnings()]
+
+
+class Progress:
+    """``doctor``'s progress on a terminal's stderr: once the child has run :data:`DELAY_S`, one
+    line rewritten in place (the targets imported so far out of all, the step running), erased
+    by :meth:`close`."""
+
+    DELAY_S = 1.5
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.start, self.shown = stream, time.monotonic(), 0
+
+    def __call__(self, output: str) -> None:
+        elapsed = time.monotonic() - self.start
+        if elapsed < self.DELAY_S:
+            return
+        steps = [line.split(STEP_MARK, 1)[1] for line in output.splitlines() if STEP_MARK in line]
+        counts = [line.split(COUNT_MARK, 1)[1] for line in output.splitlines() if COUNT_MARK in line]
+        running = steps[-1] if steps else "interpreter start-up"
+        imported = sum(s.startswith("import ") for s in steps) - running.startswith("import ")
+        done = f"targets imported {imported}/{counts[-1].strip()}, " if counts else ""
+        line = _summary.one_line(f"doctor: {done}{elapsed:.0f} s; now: {running}", _summary.width() - 1)
+        self.stream.write("\r" + line.ljust(self.shown))
+        self.stream.flush()
+        self.shown = len(line)
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\r" + " " * self.shown + "\r")
+            self.stream.flush()
+            self.shown = 0
+
+
+def progress_for(stream: Any) -> Progress | None:
+    """A :class:`Progress` on ``stream`` if it is a terminal, else ``None``."""
+    try:
+        return Progress(stream) if stream.isatty() else None
+    except (AttributeError, ValueError, OSError):  # no stream, or a closed one: no progress line
+        return None
+
+
+def main(args: Any, environment: Callable[[], dict[str, Any]]) -> int:
+    """``verl-npu-autopatch doctor`` (without ``--ray``): run the child, print its report or its JSON
+    (with the block ``environment()`` makes), and return the exit code. Progress on stderr, on a
+    terminal only."""
+    import json
+
+    progress = None if args.json else progress_for(sys.stderr)
+    timeout = DOCTOR_TIMEOUT_S if args.timeout is None else args.timeout
+    try:
+        data = run_doctor(args.device, timeout, verify=args.verify, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    add_warnings(data)
+    data["environment"] = environment()
+    print(json.dumps(data, indent=2)) if args.json else print_doctor(data, full=args.all)
+    return doctor_exit_code(data)

@@ -332,8 +332,22 @@ class Engine:
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
     def revert(self, name: str | None = None) -> list[str]:
-        """Undo applied patches (all, one by name, or a group; :meth:`~._installed.Installations.revert`)."""
+        """Undo applied patches (all, one by name, or a group; :meth:`~._installed.Installations.revert`);
+        a name of no patch or group reverts nothing and logs one warning with the closest names."""
+        if name is not None and (not isinstance(name, str) or name not in (known := self._names())):
+            from verl_npu_autopatch._config import closest, shown
+
+            text, hint = (shown(name), closest(name, known)) if isinstance(name, str) else (type(name).__name__, "")
+            _logging.logger().warning("revert(%s): no patch or group has this name; %snothing reverted", text, hint)
+            return []
         return self._installed.revert(name)
+
+    def _names(self) -> set[str]:  # the patch and group names revert() knows: this engine's, else the catalog's
+        from verl_npu_autopatch import catalog
+
+        with self.slots.lock:
+            patches, records = [s.patch for s in self.slots.values() if s.patch is not None], set(self.slots)
+        return records | catalog.names_and_groups(patches if records else self._catalog or catalog.declared())
 
     @property
     def hand_over(self) -> HandOver:

@@ -107,7 +107,7 @@ def test_not_run_when_the_patch_is_not_applied(layernorm: ModuleType) -> None:
     report = verified()
     assert (report["ok"], report["results"], report["device"]) == (True, [], None)
     (entry,) = report["not_run"]
-    assert entry == {"name": NAME, "state": "disabled", "reason": "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE"}
+    assert entry == {"name": NAME, "state": "disabled", "reason": "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE=glm52"}
     lines = verify.render(report)
     assert "checks not run (the patch is not applied here):" in lines
     assert any(line.startswith(f"  {NAME}: disabled (") for line in lines), lines

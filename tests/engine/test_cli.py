@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.support.children import ROOT, clean_env, run, run_json
 
 REAL_PLUGIN = ROOT / "tests" / "fixtures" / "real_plugin"
@@ -164,7 +166,10 @@ def test_doctor_child_is_a_module_announcing_each_step(base_python: Path) -> Non
         check=True,
     )
     before, _, report = proc.stdout.partition("@@verl-npu-autopatch-doctor@@")
-    steps = [line.split("@@verl-npu-autopatch-step@@", 1)[1] for line in before.splitlines() if "@@" in line]
+    mark = "@@verl-npu-autopatch-step@@"
+    steps = [line.split(mark, 1)[1] for line in before.splitlines() if mark in line]
+    (count,) = [line.split("@@verl-npu-autopatch-targets@@")[1] for line in before.splitlines() if "-targets@@" in line]
+    assert int(count) == sum(step.startswith("import ") for step in steps)  # announced before the first import
     assert steps[0] == "activation (loading the catalog and the plugins)" and steps[-1] == "settling the records"
     assert "import vllm.model" in steps
     data = json.loads(report)
@@ -189,8 +194,8 @@ def test_status_first_screen_is_a_summary_that_fits_120_columns(base_python: Pat
     for plan in data["patches"]:
         counts[plan["state"]] = counts.get(plan["state"], 0) + 1
         groups[plan["state"], plan["reason"]] = groups.get((plan["state"], plan["reason"]), 0) + 1
-    assert set(counts) <= {"gated", "disabled"}  # no NPU stack here: nothing would apply
-    expected = ", ".join(f"{counts[s]} {s}" for s in ("gated", "disabled") if s in counts)
+    assert set(counts) <= {"gated", "disabled", "inactive"}  # no NPU stack here: nothing would apply
+    expected = ", ".join(f"{counts[s]} {s}" for s in ("gated", "disabled", "inactive") if s in counts)
     assert f"summary: {len(data['patches'])} patches: {expected}" in lines
     for (state, reason), count in groups.items():
         assert f"  {state} ({count}): {reason}" in lines
@@ -228,7 +233,9 @@ def test_doctor_first_screen_summarises_and_lists_what_needs_attention(base_pyth
     lines = assert_fits(proc.stdout)
     records = {r["name"]: r for r in data["records"]}
     applied = [name for name, r in records.items() if r["state"] == "applied"]
-    assert lines[1].startswith(f"summary: {len(records)} patches: {len(applied)} applied, ")
+    assert lines[0] == "verl-npu-autopatch 0.1.0: device npu (forced)"
+    assert lines[1].startswith("engine active: activated by doctor (pid ")
+    assert lines[2].startswith(f"summary: {len(records)} patches: {len(applied)} applied, ")
     assert f"  applied ({len(applied)})" in lines and "  superseded (1)" in lines
     attention = lines[lines.index("needs attention:") + 1 :]
     assert "  superseded: fixture.forward: replaced by autopatch_usurper.usurped_forward" in attention
@@ -242,4 +249,120 @@ def test_doctor_first_screen_summarises_and_lists_what_needs_attention(base_pyth
             rows[cells[0]] = cells[1:3] if len(cells) > 2 else [*cells[1:], after.strip()]
     for name, record in records.items():  # state, then the first target without its package path
         module, _, qualname = record["target"].split(" | ")[0].partition(":")
-        assert rows[name] == [record["state"], f"{module.rsplit('.', 1)[-1]}:{qualname}"]
+        shown = module if qualname == "__file__" else f"{module.rsplit('.', 1)[-1]}:{qualname}"  # a trigger: whole
+        assert rows[name] == [record["state"], shown]
+
+
+# --------------------------------------------------------------------------- issue 39
+SITE = ROOT / "tests" / "fixtures" / "site"
+
+
+def test_bug_report_is_one_paste_ready_dump(base_python: Path) -> None:
+    env = {"VERL_NPU_AUTOPATCH_DISABLED": "liger", "VERL_NPU_AUTOPATCH_ENABLE": "glm52\x1b[2J" + "x" * 400}
+    proc = cli(base_python, "bug-report", "--timeout", "120", env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "## verl-npu-autopatch bug report" and "\x1b" not in proc.stdout
+    for label in ("Python", "platform", "torch", "torch_npu", "CANN", "vLLM", "vllm-ascend", "transformers"):
+        assert any(line.startswith(label + " ") for line in lines), label
+    assert any(line.startswith(("verl ", "Megatron-Core ", "Ray ")) for line in lines)
+    assert any(line.startswith("wrapt ") and "not installed" not in line for line in lines)
+    assert "VERL_NPU_AUTOPATCH_DISABLED=liger" in lines
+    assert any(line.startswith("VERL_NPU_AUTOPATCH_ENABLE=glm52\\x1b[2Jxxx") for line in lines)
+    assert "**doctor** (exit code 0)" in lines and "engine inactive: no NPU stack" in proc.stdout
+    assert "did you mean VERL_NPU_AUTOPATCH_DISABLE?" in " ".join(proc.stdout.split())
+    assert "https://github.com/verl-project/verl-npu-autopatch/issues" in proc.stdout
+    data = json.loads(cli(base_python, "bug-report", "--json", env=env).stdout)
+    assert set(data) == {"environment", "doctor", "doctor_exit_code", "issues"}
+    assert data["environment"]["packages"]["wrapt"] and data["environment"]["packages"]["torch"] is None
+    assert data["doctor"]["status"] == "inactive" and data["doctor_exit_code"] == 0
+
+
+def test_every_json_carries_the_environment_block(base_python: Path) -> None:
+    status = json.loads(cli(base_python, "status", "--json").stdout)
+    found = json.loads(cli(base_python, "doctor", "--json", "--device", "npu", pythonpath=SITE).stdout)
+    for data in (status, found):
+        assert data["environment"]["verl_npu_autopatch"] == status["version"]
+        assert data["environment"]["packages"]["vllm"] == ("0.32.0" if data is found else None)  # the fixture's
+    assert {"records", "status", "warnings", "device"} <= set(found)  # the old fields stay
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_every_screen_fits_the_width(base_python: Path, columns: int) -> None:
+    commands = [
+        ("status",),
+        ("status", "--all"),
+        ("list",),
+        ("list", "--all"),
+        ("doctor", "--device", "npu"),
+        ("doctor", "--device", "npu", "--all"),
+        ("bug-report",),
+        *((command, "--help") for command in ("status", "list", "doctor", "bug-report")),
+        ("--help",),
+    ]
+    env = {"COLUMNS": str(columns), "AUTOPATCH_FIXTURE_BROKEN": "1"}  # a failed record: its traceback too
+    longest = {}
+    for argv in commands:
+        proc = cli(base_python, *argv, env=env, pythonpath=SITE)
+        assert proc.stdout and "Traceback (most recent call last):\n  File" not in proc.stderr, argv
+        longest[argv] = max(map(len, proc.stdout.splitlines()))
+    assert {argv: n for argv, n in longest.items() if n > columns} == {}
+    assert columns == 80 or longest["list",] > 120  # the room is used
+
+
+def test_doctor_never_writes_into_the_jobs_report_directory(base_python: Path, tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir(mode=0o700)
+    env = {"VERL_NPU_AUTOPATCH_REPORT_DIR": str(reports)}
+    proc = cli(base_python, "doctor", "--device", "npu", env=env, pythonpath=SITE)
+    assert proc.returncode == 0 and "engine active" in proc.stdout, proc.stdout + proc.stderr
+    assert list(reports.iterdir()) == []
+
+
+def test_misspelt_variables_are_warned_in_status_and_doctor_only(base_python: Path) -> None:
+    env = {"VERL_NPU_AUTOPACH_DISABLE": "liger", "VERL_NPU_AUTOPATCH_DEVICE": "npu", "VERL_NPU_AUTOPATCH_LOG": "INFO"}
+    for argv in (("status",), ("doctor",)):
+        text = " ".join(cli(base_python, *argv, env=env, pythonpath=SITE).stdout.split())
+        assert "WARNING: 'VERL_NPU_AUTOPACH_DISABLE' is set but is not a variable" in text, argv
+        assert "did you mean VERL_NPU_AUTOPATCH_DISABLE?" in text
+    started = run(base_python, "import vllm.model, verl_npu_autopatch as v; print(v.report().status)", env=env)
+    assert started.stdout.split() == ["active"] and "AUTOPACH" not in started.stderr  # start-up says nothing
+
+
+def test_doctor_shows_progress_on_a_terminal_only(base_python: Path) -> None:
+    import os
+    import pty
+
+    env = {**clean_env(VERL_NPU_AUTOPATCH_DEVICE="npu", AUTOPATCH_FIXTURE_HANG="1"), "PYTHONPATH": str(SITE)}
+    script = str(base_python.parent / "verl-npu-autopatch")
+    for argv in (["doctor", "--timeout", "4"], ["doctor", "--json", "--timeout", "4"]):
+        main, child = pty.openpty()
+        proc = subprocess.run([script, *argv], env=env, stdout=subprocess.PIPE, stderr=child, check=False)
+        os.close(child)
+        seen = b""
+        try:
+            while chunk := os.read(main, 65536):
+                seen += chunk
+        except OSError:  # the terminal's other end is closed: all was read
+            pass
+        os.close(main)
+        assert proc.returncode == 3
+        if "--json" in argv:
+            assert b"targets imported" not in seen and b"targets imported" not in proc.stdout
+        else:
+            assert b"\rdoctor: targets imported " in seen and b"now: import vllm.hang" in seen
+            assert seen.endswith(b"\r") and b"targets imported" not in proc.stdout
+    hang = {"AUTOPATCH_FIXTURE_HANG": "1", "VERL_NPU_AUTOPATCH_DEVICE": "npu"}
+    piped = cli(base_python, "doctor", "--timeout", "4", env=hang, pythonpath=SITE)
+    assert piped.returncode == 3 and "targets imported" not in piped.stderr  # not a terminal: no progress line
+
+
+def test_help_and_the_bare_command(base_python: Path) -> None:
+    bare = cli(base_python)
+    assert bare.returncode == 2 and bare.stdout == "" and "error:" not in bare.stderr
+    assert "exit codes:" in bare.stderr and "bug-report" in bare.stderr
+    for command in ("status", "list", "doctor", "bug-report"):
+        text = cli(base_python, command, "--help").stdout
+        assert "exit codes:" in text and "VERL_NPU_AUTOPATCH_REPORT_DIR" in text and "print JSON" in text, command
+    refused = cli(base_python, "list", "--json", "--markdown")
+    assert refused.returncode == 2 and "not allowed with argument --json" in refused.stderr

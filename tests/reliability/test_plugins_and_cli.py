@@ -102,7 +102,7 @@ def test_doctor_child_done_while_a_grandchild_holds_the_pipe(tmp_path: Path, bas
     try:
         proc = cli(base_python, "doctor", "--timeout", "100", env={**NPU, "AUTOPATCH_FIXTURE_GRANDCHILD": str(pidfile)})
         assert proc.returncode == 0, proc.stdout
-        assert "engine: active (activated by doctor)" in proc.stdout and "TIMED OUT" not in proc.stdout
+        assert "engine active: activated by doctor" in proc.stdout and "TIMED OUT" not in proc.stdout
     finally:
         if pidfile.exists():
             os.kill(int(pidfile.read_text()), signal.SIGKILL)

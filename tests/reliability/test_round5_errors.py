@@ -129,7 +129,7 @@ def test_huge_message_doctor_first_screen_is_short(base_python: Path) -> None:
     code, out = doctor(base_python, env)
     lines = out.splitlines()
     assert code == 1 and "fixture.broken" in out
-    assert len(lines) < 80, len(lines)
+    assert len(lines) < 100, len(lines)  # not the 2,500 lines of the log (each opt-in group: a block of its own)
     assert max(map(len, lines)) <= 120
     data = json.loads(doctor(base_python, env, "--json")[1])
     reason = next(r["reason"] for r in data["records"] if r["name"] == "fixture.broken")
@@ -158,7 +158,7 @@ def test_doctor_child_ends_despite_a_non_daemon_thread(base_python: Path) -> Non
     proc = cli(base_python, env, "doctor", "--timeout", "30")
     assert "TIMED OUT" not in proc.stdout, proc.stdout
     assert proc.returncode == 0, proc.stdout
-    assert "engine: active" in proc.stdout and "applied" in proc.stdout
+    assert "engine active" in proc.stdout and "applied" in proc.stdout
     data = json.loads(cli(base_python, env, "doctor", "--json", "--timeout", "30").stdout)
     assert next(r["state"] for r in data["records"] if r["name"] == "fixture.thread") == "applied"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.cli import doctor_exit_code
+from verl_npu_autopatch.doctor import doctor_exit_code
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.patching import describe, mark, marked_by, set_attribute
 from verl_npu_autopatch.spec import Patch, Target
