@@ -127,8 +127,14 @@ def check_requirement(
 ) -> tuple[bool, str, str | None]:
     """``(holds, distribution, version)`` for a specifier such as ``"vllm>=0.24"``, against the
     installed metadata or ``version_of(distribution)`` (``scripts/compat-matrix`` passes release
-    versions). Pre-releases count (``0.30.0rc2`` satisfies ``>=0.30``); a missing distribution
-    never holds."""
+    versions). Pre-releases count (``0.30.0rc2`` satisfies ``>=0.29``, not ``>=0.30``); a missing distribution
+    never holds. A bare name (``"transformers"``: installed at all, what every built-in patch
+    asks) is decided without importing ``packaging.requirements`` (tens of ms of regular
+    expressions compiled at activation)."""
+    name = text.strip()
+    if name and all(c.isalnum() or c in "-_." for c in name):
+        version = (version_of or distribution_version)(name)
+        return version is not None, name, version
     from packaging.requirements import Requirement
 
     requirement = Requirement(text)
