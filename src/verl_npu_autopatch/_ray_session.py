@@ -272,13 +272,14 @@ def _progress(progress: Progress, done: int, total: int) -> None:
     progress.show(f"{done:,}/{total:,} nodes answered")
 
 
-def _run_child(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def _run_child(job: dict[str, Any], progress: Progress, command: list[str] | None = None) -> dict[str, Any]:
+    """``command`` (default: :func:`child` in this interpreter) run with ``job``, its answers read."""
     here = str(Path(__file__).resolve().parents[1])  # the parent's own copy of the package, first
     code = f"import sys; sys.path.insert(0, {here!r}); from verl_npu_autopatch._ray_session import child; child()"
     env = {k: v for k, v in os.environ.items() if k != "VERL_NPU_AUTOPATCH_REPORT_DIR"}  # no job process
     with tempfile.TemporaryFile() as ray_said:
         proc = subprocess.Popen(
-            [sys.executable, "-c", code],
+            command or [sys.executable, "-c", code],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=ray_said,
