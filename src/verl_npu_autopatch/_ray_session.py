@@ -54,11 +54,7 @@ EXIT_S = 10.0
 #: The longest text kept from Ray's own stderr for the one-line failure.
 RAY_SAID_CHARS = 300
 #: How ``auto`` was resolved, by the source that gave the address.
-FOUND_BY = {
-    "RAY_ADDRESS": "RAY_ADDRESS",
-    "current": "the latest `ray start` here",
-    "running": "a Ray cluster running here",
-}
+FOUND_BY = {"RAY_ADDRESS": "RAY_ADDRESS", "current": "the latest `ray start` here", "running": "the one running here"}
 
 
 # --------------------------------------------------------------------------- the address
@@ -132,7 +128,7 @@ def child() -> int:
     try:
         cluster = _connect(ray, job["address"], job["runtime_env"], job["connect_timeout"])
     except Exception as exc:
-        send("error", error=safe_str(exc) if isinstance(exc, Unreachable) else describe(exc), reached=False)
+        send("error", error=safe_str(exc) if isinstance(exc, Unreachable) else _why(exc), reached=False)
         return 0
     send("connected", cluster=cluster)
     try:
@@ -144,6 +140,14 @@ def child() -> int:
     with contextlib.suppress(Exception):  # the answer is out; the parent kills a shutdown that hangs
         ray.shutdown()
     return 0
+
+
+def _why(exc: BaseException) -> str:
+    """``exc`` described, with the last line of its first cause's (``ray.init`` raises "Failed to
+    connect", from an error whose last line says why: e.g. the cluster's token is missing)."""
+    cause = exc.__cause__
+    lines = [line.strip() for line in safe_str(cause).splitlines() if line.strip()] if cause else []
+    return describe(exc) + (f" ({cut(lines[-1], RAY_SAID_CHARS)})" if lines else "")
 
 
 def _connect(ray: Any, address: str, runtime_env: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
@@ -250,12 +254,7 @@ class Progress:
             self.shown = 0
 
 
-def run(
-    job: dict[str, Any],
-    runtime_env: dict[str, Any] | None,
-    connect_timeout: float,
-    progress: Progress,
-) -> dict[str, Any]:
+def run(job: dict[str, Any], runtime_env: dict[str, Any] | None, connect_timeout: float, progress: Progress) -> Any:
     """``{"cluster", "result"}`` of ``job`` (``address``, ``timeout``: the node wait, ``work`` and its
     ``arguments``: see :func:`_work`) on the cluster, or ``{"error"}``: one line. Never waits longer than
     ``connect_timeout`` for the cluster, nor ``job["timeout"] + GRACE_S`` for the answers."""

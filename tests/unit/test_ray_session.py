@@ -210,3 +210,20 @@ def test_the_job_names_its_work_and_the_child_runs_it_by_name(monkeypatch: pytes
     ]
     work = json.loads(json.dumps(seen[0]))["work"].partition(":")
     assert callable(getattr(sys.modules[work[0]], work[2]))
+
+
+def test_a_failed_ray_init_says_why_from_its_cause() -> None:
+    """``ray.init`` raises "Failed to connect" from an error whose last line has the reason (Ray
+    2.60 with token authentication and no token: seen against the test cluster)."""
+    cause = RuntimeError(
+        "Failed to connect to GCS. Last connection error: Traceback (most recent call last):\n  ...\n"
+        "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token is missing\n"
+    )
+    try:
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from cause
+    except ConnectionError as exc:
+        assert _ray_session._why(exc) == (
+            "ConnectionError: Failed to connect to Ray cluster at 10.0.0.1:6379 (ray.exceptions.AuthenticationError: "
+            "RPC error: InvalidAuthToken: Authentication token is missing)"
+        )
+    assert _ray_session._why(ValueError("plain")) == "ValueError: plain"
