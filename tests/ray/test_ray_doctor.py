@@ -219,3 +219,15 @@ def test_progress_goes_to_a_terminal_and_only_there(runner_python: Path, cluster
     assert json.loads(proc.stdout)["nodes"]  # the JSON whole: no progress in it
     assert "doctor --ray: " in text and "nodes answered" in text, text
     assert text.endswith("\r"), text  # the line cleared
+
+
+def test_a_cluster_that_refuses_the_driver_is_one_line_saying_why(runner_python: Path, cluster: Cluster) -> None:
+    """The test cluster has Ray's token authentication (Ray 2.60's default); a shell without
+    ``RAY_AUTH_MODE=token`` cannot connect: one line with Ray's reason, nothing of its logging."""
+    env = {k: v for k, v in clean_env().items() if k != "RAY_AUTH_MODE"}
+    command = [str(runner_python.parent / "verl-npu-autopatch"), "doctor", "--ray", cluster.address, "--timeout", "60"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stderr == ""
+    [line] = proc.stdout.splitlines()
+    assert line.startswith(f"doctor --ray: cannot reach the Ray cluster at {cluster.address}: ConnectionError: ")
+    assert "InvalidAuthToken: Authentication token is missing or incorrect" in line
