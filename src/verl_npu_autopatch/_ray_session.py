@@ -126,7 +126,7 @@ def child() -> int:
         send("error", error=f"ray is not installed in this environment ({describe(exc)})", reached=False)
         return 0
     try:
-        cluster = _connect(ray, job["address"], job["runtime_env"], job["connect_timeout"])
+        cluster = _connect(ray, job, send)
     except Exception as exc:
         send("error", error=safe_str(exc) if isinstance(exc, Unreachable) else _why(exc), reached=False)
         return 0
@@ -150,21 +150,20 @@ def _why(exc: BaseException) -> str:
     return describe(exc) + (f" ({cut(lines[-1], RAY_SAID_CHARS)})" if lines else "")
 
 
-def _connect(ray: Any, address: str, runtime_env: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
-    """``ray.init`` as a job with ``runtime_env``, Ray's logging quiet; what was reached."""
+def _connect(ray: Any, job: dict[str, Any], send: Callable[..., None]) -> dict[str, Any]:
+    """``ray.init`` as a job with its ``runtime_env``, Ray's logging quiet; what was reached. The
+    address ``auto`` resolved to is sent first (``resolved``): the parent's messages name it."""
     import logging  # ray imported it already
 
     services = ray._private.services
-    target, found_by, others = resolve(
-        address,
-        os.environ,
-        lambda: services.find_bootstrap_address(None),
-        lambda: sorted(services.find_gcs_addresses()),
-    )
-    why = _reachable(target, timeout)
+    current, running = (lambda: services.find_bootstrap_address(None)), services.find_gcs_addresses
+    target, found_by, others = resolve(job["address"], os.environ, current, lambda: sorted(running()))
+    if found_by:
+        send("resolved", address=f"{target} (auto: {FOUND_BY[found_by]})")
+    why = _reachable(target, job["connect_timeout"])
     if why:
         raise Unreachable(why)
-    ray.init(address=target, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.ERROR)
+    ray.init(address=target, runtime_env=job["runtime_env"], log_to_driver=False, logging_level=logging.ERROR)
     return {**_reached(ray, target), "found_by": FOUND_BY.get(found_by or ""), "others": others}
 
 
@@ -315,15 +314,13 @@ def _read_answers(
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
+            reason = _ray_said(ray_said) or "no answer" + (
+                "" if cluster else " (is it the head's GCS port, 6379 by default?)"
+            )
             if cluster is None:
-                reason = _ray_said(ray_said) or "no answer (is it the GCS port of the head, 6379 by default?)"
                 return {"error": f"cannot reach the Ray cluster at {address} within {wait:g} s: {reason}"}
-            reason = _ray_said(ray_said) or "no answer"
-            return {
-                "cluster": cluster,
-                "error": f"the Ray cluster at {cluster['address']} stopped answering: nothing within "
-                f"{wait:g} s of connecting: {reason}",
-            }
+            what = f"stopped answering: nothing within {wait:g} s of connecting: {reason}"
+            return {"cluster": cluster, "error": f"the Ray cluster at {cluster['address']} {what}"}
         if selector.select(min(left, 0.5)):
             chunk = os.read(fd, 1 << 20)
             if not chunk:
@@ -338,7 +335,9 @@ def _read_answers(
                 start = 0
         for line in lines:
             answer = json.loads(line)
-            if answer["event"] == "connected":
+            if answer["event"] == "resolved":
+                address = answer["address"]
+            elif answer["event"] == "connected":
                 cluster = answer["cluster"]
                 wait = job["timeout"] + GRACE_S
                 deadline = time.monotonic() + wait

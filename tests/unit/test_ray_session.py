@@ -88,7 +88,19 @@ def test_a_connection_that_hangs_is_abandoned_at_the_timeout_with_rays_last_word
     }
     assert took < 10
     found, _ = _run("time.sleep(120)", connect_timeout=1.0)
-    assert found["error"].endswith("within 1 s: no answer (is it the GCS port of the head, 6379 by default?)")
+    assert found["error"].endswith("within 1 s: no answer (is it the head's GCS port, 6379 by default?)")
+
+
+def test_the_address_auto_resolved_to_is_named_in_the_failure() -> None:
+    resolved = "say('resolved', address='10.0.0.9:6379 (auto: the latest `ray start` here)'); "
+    found, _ = _run(resolved + "time.sleep(120)", address="auto", connect_timeout=2.0)
+    assert found["error"].startswith(
+        "cannot reach the Ray cluster at 10.0.0.9:6379 (auto: the latest `ray start` here) within 2 s: no answer"
+    )
+    found, _ = _run(resolved + "say('error', error='connection refused', reached=False)", address="auto")
+    assert found == {
+        "error": "cannot reach the Ray cluster at 10.0.0.9:6379 (auto: the latest `ray start` here): connection refused"
+    }
 
 
 def test_after_connecting_the_node_timeout_and_grace_bound_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
