@@ -231,3 +231,14 @@ def test_a_cluster_that_refuses_the_driver_is_one_line_saying_why(runner_python:
     [line] = proc.stdout.splitlines()
     assert line.startswith(f"doctor --ray: cannot reach the Ray cluster at {cluster.address}: ConnectionError: ")
     assert "InvalidAuthToken: Authentication token is missing or incorrect" in line
+
+
+def test_probe_cluster_from_a_connected_driver_uses_its_connection(cluster: Cluster) -> None:
+    """Called from a process that is a Ray driver already (this test process: the head's
+    ``ray.init``), the probes run from it, no child; the cluster and its nodes are named."""
+    from verl_npu_autopatch import ray_doctor
+
+    data = ray_doctor.probe_cluster(cluster.address, None, "verl_npu_autopatch.cli:status_data", 300.0)
+    assert {n["node_id"] for n in data["nodes"]} == {cluster.head_id, cluster.bare_id}
+    assert data["cluster"]["address"] == cluster.address and data["cluster"]["nodes"] == 2
+    assert [d["field"] for d in data["disagreements"]] == ["installed"]
