@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch import fleet
+from verl_npu_autopatch import _ray_session, fleet
 from verl_npu_autopatch._text import cut, describe, safe_str
 from verl_npu_autopatch.ray_doctor import TIMEOUT_S
 
-__all__ = ["gather"]
+__all__ = ["gather", "read_nodes"]
 
 
 def _make_reader(directories: list[str], stale_after: float) -> Callable[[], dict[str, Any]]:
@@ -27,10 +27,8 @@ def _make_reader(directories: list[str], stale_after: float) -> Callable[[], dic
 
         try:
             fleet = importlib.import_module("verl_npu_autopatch.fleet")
-        except ImportError as exc:
-            return {
-                "error": f"verl_npu_autopatch cannot be imported on this node ({exc})"
-            }  # no helper here: shipped by value
+        except ImportError as exc:  # no helper here (shipped by value): the type and message name it
+            return {"error": f"verl_npu_autopatch cannot be imported on this node ({exc})", "missing": True}
         return fleet.read_directories(directories, stale_after)
 
     return read
@@ -42,49 +40,64 @@ def gather(
     stale_after: float,
     timeout: float | None = None,
     runtime_env: dict[str, Any] | None = None,
+    connect_timeout: float | None = None,
+    progress: _ray_session.Progress | None = None,
 ) -> dict[str, Any]:
     """``fleet.read_directories``'s answer over every alive node of the cluster at ``address``
     (``{"error"}`` if Ray cannot be used), the readers in ``runtime_env`` (e.g. the package's wheel
-    where a node's image lacks it); a node that cannot answer is listed as unreadable."""
-    try:
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    except ImportError as exc:
-        return {"error": f"ray is not installed in this environment ({describe(exc)})"}
-    started = not ray.is_initialized()
-    found: dict[str, list[dict[str, Any]]] = {"processes": [], "stale": [], "unreadable": []}
-    seen: set[tuple[Any, ...]] = set()
-    try:
-        if started:
-            import logging  # ray imported it already
+    where a node's image lacks it); a node that cannot answer is listed as unreadable, and one
+    without the package also under ``without_package``. ``cluster``: what was reached. The
+    connection is bounded by ``connect_timeout`` (``timeout`` when given, else
+    ``_ray_session.CONNECT_TIMEOUT_S``), the nodes' answers by ``timeout`` (else ``TIMEOUT_S``)."""
+    job = {
+        "address": address,
+        "timeout": timeout or TIMEOUT_S,
+        "work": f"{__name__}:read_nodes",
+        "arguments": {"directories": directories, "stale_after": stale_after},
+    }
+    connect_timeout = connect_timeout or timeout or _ray_session.CONNECT_TIMEOUT_S
+    found = _ray_session.run(job, runtime_env, connect_timeout, progress or _ray_session.Progress("fleet --ray"))
+    if found.get("error"):
+        return {"error": found["error"], "cluster": found.get("cluster")}
+    return {**found["result"], "cluster": found["cluster"]}
 
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.ERROR)
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        remote = ray.remote(num_cpus=0, max_calls=1, max_retries=0)(_make_reader(directories, stale_after))
-        options = {"runtime_env": runtime_env} if runtime_env and not started else {}  # else: the job's already
-        refs = [
-            remote.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False), **options
-            ).remote()
-            for n in nodes
-        ]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout or TIMEOUT_S)
-        for node, ref in zip(nodes, refs, strict=True):
-            where = f"node {node['NodeID'][:8]} ({node.get('NodeManagerAddress', '?')})"
-            try:
-                if ref not in ready:
-                    ray.cancel(ref, force=True)
-                    raise TimeoutError(f"no answer within {timeout or TIMEOUT_S:g} s (--timeout)")
-                answer = ray.get(ref)
-            except Exception as exc:  # a node that cannot answer is named, the others still count
-                answer = {"error": describe(exc)}
-            for key, items in _checked(answer, where).items():
-                found[key] += [item for item in items if _new(item, seen)]
-    except Exception as exc:
-        return {"error": f"cannot read the Ray cluster at {address!r}: {describe(exc)}"}
-    finally:
-        if started and ray.is_initialized():
-            ray.shutdown()
+
+def read_nodes(
+    ray: Any,
+    runtime_env: dict[str, Any] | None,
+    timeout: float,
+    progress: Callable[[int, int], None],
+    directories: list[str],
+    stale_after: float,
+) -> dict[str, Any]:
+    """One reader pinned to each alive node, in ``runtime_env`` (None: the driver's); their
+    answers merged. ``progress(done, total)`` after each answer; a node that has not answered
+    within ``timeout`` seconds is cancelled and listed as unreadable."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    found: dict[str, list[Any]] = {"processes": [], "stale": [], "unreadable": [], "without_package": []}
+    seen: set[tuple[Any, ...]] = set()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    remote = ray.remote(num_cpus=0, max_calls=1, max_retries=0)(_make_reader(directories, stale_after))
+    options = {"runtime_env": runtime_env} if runtime_env else {}
+    refs = [
+        remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False), **options).remote()
+        for n in nodes
+    ]
+    ready = _ray_session.wait_all(ray, refs, timeout, progress)
+    for node, ref in zip(nodes, refs, strict=True):
+        where = f"node {node['NodeID'][:8]} ({node.get('NodeManagerAddress', '?')})"
+        try:
+            if ref not in ready:
+                ray.cancel(ref, force=True)
+                raise TimeoutError(f"no answer within {timeout:g} s (--timeout)")
+            answer = ray.get(ref)
+        except Exception as exc:  # a node that cannot answer is named, the others still count
+            answer = {"error": describe(exc)}
+        if type(answer) is dict and answer.get("missing") is True:
+            found["without_package"].append(where)
+        for key, items in _checked(answer, where).items():
+            found[key] += [item for item in items if _new(item, seen)]
     return found
 
 

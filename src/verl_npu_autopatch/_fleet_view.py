@@ -7,14 +7,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 from collections import Counter
 from typing import Any
 
+from verl_npu_autopatch._config import read_config
+from verl_npu_autopatch._ray_session import CONNECT_TIMEOUT_S
 from verl_npu_autopatch._text import cut, printable
 from verl_npu_autopatch.fleet import INCOMPLETE, NOTHING, ROLES, STALE_AFTER_S, exit_code, read_directories, view
+from verl_npu_autopatch.ray_doctor import TIMEOUT_S
 from verl_npu_autopatch.records import table, wrap
 
-__all__ = ["add_arguments", "main", "render"]
+__all__ = ["add_arguments", "looks_like_address", "main", "render"]
+
+#: The variable whose directory ``fleet`` reads when no DIR is named.
+REPORT_DIR = "VERL_NPU_AUTOPATCH_REPORT_DIR"
 
 WIDTH = 120
 #: Reasons shown per differing patch before "... more"; the rest are in ``--json``.
@@ -51,14 +59,27 @@ def render(data: dict[str, Any], full: bool = False, stale: bool = False) -> str
         return f"fleet: {_shown(data['error'])}"
     processes, lines = data["processes"], list[str]()
     where = ", ".join(_shown(source) for source in data["sources"])
+    if data.get("directories_from") == REPORT_DIR:
+        where += f" (from ${REPORT_DIR})"
     gone = f"; {len(data['stale']):,} stale (processes gone; --stale lists them)" if data["stale"] else ""
     _add(lines, f"verl-npu-autopatch fleet: {len(processes):,} live processes in {where}{gone}")
+    for note in data.get("notes", []):
+        _add(lines, note, "  ")
     for item in data["unreadable"][:3]:
         _add(lines, f"unreadable: {_shown(item['file'])}: {_shown(item['error'])}", "  ")
     if len(data["unreadable"]) > 3:
         lines.append(f"  ... {len(data['unreadable']) - 3:,} more unreadable files (--json lists them)")
+    missing = data.get("without_package", [])
+    if missing:
+        from verl_npu_autopatch.ray_doctor import ship_hint
+
+        for line in ship_hint([_shown(node) for node in missing], data.get("runtime_env"), "the readers")[1:]:
+            _add(lines, line, "  ")
     if not processes:
-        lines.append("no live process report found (is VERL_NPU_AUTOPATCH_REPORT_DIR set where the job runs?)")
+        if missing:
+            lines.append("no live process report found on the nodes that have verl-npu-autopatch")
+        else:
+            lines.append(f"no live process report found (is {REPORT_DIR} set where the job runs?)")
         return "\n".join(lines + (_stale(data) if stale else []))
     _add(lines, "roles: " + _counts(data["roles"]), "  ")
     facts = {
@@ -142,10 +163,97 @@ def _hours(text: str) -> float:
     return hours
 
 
+def _seconds(text: str) -> float:
+    """``--timeout``: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """``--runtime-env``: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if type(value) is not dict:
+        raise argparse.ArgumentTypeError(f"must be a JSON object (a runtime_env), not {printable(cut(text, 100))}")
+    return value
+
+
+#: What ``--ray``'s optional value must look like to be taken for an ADDRESS (else it is a DIR).
+_ADDRESS = re.compile(r"auto|ray://\S+|\[[0-9A-Fa-f:.]+\]:\d{1,5}|[\w.-]+:\d{1,5}")
+
+
+def looks_like_address(value: str) -> bool:
+    """Whether ``--ray VALUE`` names the cluster: ``auto``, ``host:port``, ``[v6]:port`` or
+    ``ray://...``, and not an existing directory (``fleet --ray DIR`` reads DIR on the cluster
+    ``auto`` finds; a DIR with a ``/`` never looks like an address)."""
+    return _ADDRESS.fullmatch(value) is not None and not os.path.isdir(value)
+
+
+class _RayAddress(argparse.Action):
+    """``--ray [ADDRESS]``: the value when it looks like an address, else ``auto`` and the value
+    becomes the first DIR (the documented ``fleet --ray DIR``)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any, option: str | None = None
+    ) -> None:
+        if value is None or looks_like_address(value):
+            namespace.ray = value or "auto"
+        else:
+            namespace.ray = "auto"
+            namespace.ray_directories = [*getattr(namespace, "ray_directories", []), value]
+
+
+DESCRIPTION = """\
+What every live process of a job decided: the report files its processes
+(the driver, Ray workers, vLLM's EngineCore and workers) write into
+VERL_NPU_AUTOPATCH_REPORT_DIR, compared patch by patch: how many processes by
+role, every patch that differs between them with who and why, the problems.
+With --ray, DIR is read on every alive node of a Ray cluster (per-node
+directories need no shared filesystem). See docs/watching.md."""
+
+EPILOG = """\
+--ray [ADDRESS]: ADDRESS is host:port, [v6]:port, ray://host:port or auto (the
+default: RAY_ADDRESS, else the latest `ray start` on this host, else a Ray
+cluster running here). A value that is an existing directory, or does not
+look like an address, is the first DIR: `fleet --ray DIR` reads DIR on the
+cluster auto finds. The first line names the cluster reached.
+
+exit status:
+  0  no live process has a failed or unsupported patch or a failed activation
+  1  a live process has one (PROBLEMS lists them)
+  2  no live process report found; no DIR and no VERL_NPU_AUTOPATCH_REPORT_DIR;
+     with --ray: Ray is not installed, or the cluster cannot be reached or
+     read (one line says why); a wrong command line
+
+environment:
+  VERL_NPU_AUTOPATCH_REPORT_DIR  the DIR read when none is named
+  RAY_ADDRESS                    the cluster --ray (auto) reads, when set"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``fleet`` subcommand's arguments."""
-    parser.add_argument("directories", nargs="*", metavar="DIR", help="where the processes wrote their reports")
-    parser.add_argument("--json", action="store_true", help="processes, differing patches, problems, matrix")
+    """The ``fleet`` subcommand's arguments, description, exit codes and environment (its help)."""
+    parser.description, parser.epilog = DESCRIPTION, EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.set_defaults(ray_directories=[], fleet_error=parser.error)
+    parser.add_argument(
+        "directories",
+        nargs="*",
+        metavar="DIR",
+        help="where the processes wrote their reports (default: $VERL_NPU_AUTOPATCH_REPORT_DIR)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="everything as one JSON object: processes, differing patches, problems, the matrix, stale and "
+        "unreadable files, the cluster reached (so not with --all or --stale)",
+    )
     parser.add_argument("--all", action="store_true", help="also the full patch x role matrix")
     parser.add_argument("--stale", action="store_true", help="also list the files of processes no longer running")
     parser.add_argument(
@@ -156,31 +264,68 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a file from another host not rewritten for longer is stale (default %(default)g; 0: never)",
     )
     parser.add_argument(
-        "--ray", nargs="?", const="auto", metavar="ADDRESS", help="read DIR on every alive node of a Ray cluster"
+        "--ray",
+        nargs="?",
+        action=_RayAddress,
+        metavar="ADDRESS",
+        help="read DIR on every alive node of the Ray cluster at ADDRESS (default auto; see below)",
     )
-    parser.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the readers run in")
-    parser.add_argument("--timeout", type=float, metavar="SECONDS", help="with --ray: how long to wait for the nodes")
+    parser.add_argument(
+        "--runtime-env",
+        type=_json_object,
+        metavar="JSON",
+        help="with --ray: the runtime_env the readers run in, e.g. the package's wheel for nodes without it",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help=f"with --ray: how long to wait for the cluster (default {CONNECT_TIMEOUT_S:g}) and for the nodes' "
+        f"answers (default {TIMEOUT_S:g})",
+    )
+
+
+def _conflict(args: argparse.Namespace) -> str | None:
+    """What the command line asks that cannot be done together (argparse refuses it, exit 2)."""
+    if args.json and (args.all or args.stale):
+        return "--json holds everything (the matrix, the stale files): --all and --stale shape the screen only"
+    if args.ray is None and (args.runtime_env is not None or args.timeout is not None):
+        return "--runtime-env and --timeout need --ray"
+    return None
 
 
 def main(args: argparse.Namespace) -> int:
     """``verl-npu-autopatch fleet``: print the view; the exit status gates a job (see ``fleet.exit_code``)."""
-    if not args.directories:
-        print("fleet: name at least one DIR (the VERL_NPU_AUTOPATCH_REPORT_DIR of the job)")
-        return NOTHING
+    conflict = _conflict(args)
+    if conflict:
+        args.fleet_error(conflict)  # exits 2 with the usage
+    directories = [*getattr(args, "ray_directories", []), *args.directories]
+    from_environment = not directories
+    if from_environment:
+        report_dir = read_config().report_dir
+        if not report_dir:
+            raw = os.environ.get(REPORT_DIR, "").strip()
+            why = f"{REPORT_DIR}={_shown(raw)} is not an absolute path (nor ~/...)" if raw else f"{REPORT_DIR} is unset"
+            print(f"fleet: name at least one DIR (the {REPORT_DIR} of the job); {why}")
+            return NOTHING
+        directories = [report_dir]
     stale_after = args.stale_after * 3600
     if args.ray is not None:
-        from verl_npu_autopatch import _fleet_ray
+        from verl_npu_autopatch import _fleet_ray, _ray_session
 
-        try:
-            runtime_env = json.loads(args.runtime_env) if args.runtime_env else None
-        except json.JSONDecodeError as exc:
-            print(f"fleet: --runtime-env is not valid JSON: {_shown(exc)}")
-            return NOTHING
-        read = _fleet_ray.gather(args.ray, args.directories, stale_after, args.timeout, runtime_env)
-        sources = [f"{d} on every node of the Ray cluster at {args.ray}" for d in args.directories]
+        read = _fleet_ray.gather(args.ray, directories, stale_after, args.timeout, args.runtime_env)
+        where, notes = _ray_session.cluster_lines(args.ray, read.get("cluster"))
+        sources = [f"{d} on every node of {where}" for d in directories]
     else:
-        read, sources = read_directories(args.directories, stale_after), list(args.directories)
-    data = {"error": read["error"]} if read.get("error") else view(read, sources, args.json, args.json or args.all)
+        read, sources, notes = read_directories(directories, stale_after), list(directories), []
+    if read.get("error"):
+        data: dict[str, Any] = {"error": read["error"]}
+    else:
+        data = view(read, sources, args.json, args.json or args.all)
+        data["directories_from"] = REPORT_DIR if from_environment else "command line"
+        if args.ray is not None:
+            data.update(cluster=read["cluster"], notes=notes, without_package=read.get("without_package", []))
+            data["runtime_env"] = args.runtime_env
     print(
         json.dumps(data) if args.json else render(data, full=args.all, stale=args.stale)
     )  # one line: 100 MB for 10,000

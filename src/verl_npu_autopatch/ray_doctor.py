@@ -17,8 +17,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from verl_npu_autopatch import _ray_session
 from verl_npu_autopatch._summary import show
-from verl_npu_autopatch._text import describe, safe_str
+from verl_npu_autopatch._text import describe
 from verl_npu_autopatch.doctor import TIMED_OUT
 from verl_npu_autopatch.records import table
 
@@ -206,8 +207,16 @@ def verify_summary(report: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- running
-def _probe_nodes(ray: Any, runtime_env: dict[str, Any] | None, timeout: float, status: str) -> list[dict[str, Any]]:
-    """One probe pinned to each alive node (head first); a summary per node."""
+def probe_nodes(
+    ray: Any,
+    runtime_env: dict[str, Any] | None,
+    timeout: float,
+    progress: Callable[[int, int], None],
+    status: str,
+) -> list[dict[str, Any]]:
+    """One probe pinned to each alive node (head first), each task in ``runtime_env`` (None: the
+    driver's); a summary per node. ``progress(done, total)`` after each answer; a node that has not
+    answered within ``timeout`` seconds is cancelled and named."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -218,7 +227,7 @@ def _probe_nodes(ray: Any, runtime_env: dict[str, Any] | None, timeout: float, s
     for node in nodes:
         pinned = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
         refs.append(remote.options(scheduling_strategy=pinned, **options).remote())
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    ready = _ray_session.wait_all(ray, refs, timeout, progress)
     entries = []
     for node, ref in zip(nodes, refs, strict=True):
         if ref not in ready:
@@ -233,28 +242,26 @@ def _probe_nodes(ray: Any, runtime_env: dict[str, Any] | None, timeout: float, s
 
 
 def probe_cluster(
-    address: str, runtime_env: dict[str, Any] | None, status: str, timeout: float = TIMEOUT_S
+    address: str,
+    runtime_env: dict[str, Any] | None,
+    status: str,
+    timeout: float = TIMEOUT_S,
+    connect_timeout: float = _ray_session.CONNECT_TIMEOUT_S,
+    progress: _ray_session.Progress | None = None,
 ) -> dict[str, Any]:
-    """Connect to the cluster at ``address`` as a job with ``runtime_env`` (so local
-    ``py_modules``/``working_dir`` are uploaded as for any job), run ``status`` (see
-    :func:`_make_probe`) on every alive node, compare."""
+    """Connect to the cluster at ``address`` (within ``connect_timeout`` seconds) as a job with
+    ``runtime_env`` (so local ``py_modules``/``working_dir`` are uploaded as for any job), run
+    ``status`` (see :func:`_make_probe`) on every alive node (each within ``timeout``), compare.
+    The Ray side runs in a child process (:mod:`._ray_session`) unless this process is a
+    connected driver already."""
     data: dict[str, Any] = {"address": address, "runtime_env": runtime_env}
-    try:
-        import ray
-    except ImportError as exc:
-        return {**data, "error": f"ray is not installed in this environment ({safe_str(exc)})"}
-    started = not ray.is_initialized()  # else: called from inside a driver; use task-level runtime_env
-    try:
-        if started:
-            import logging  # ray imported it already
-
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.ERROR)
-        entries = _probe_nodes(ray, None if started else runtime_env, timeout, status)
-    except Exception as exc:
-        return {**data, "error": f"cannot probe the Ray cluster at {address!r}: {describe(exc)}"}
-    finally:
-        if started and ray.is_initialized():
-            ray.shutdown()
+    job = {"address": address, "timeout": timeout, "work": f"{__name__}:probe_nodes", "arguments": {"status": status}}
+    found = _ray_session.run(job, runtime_env, connect_timeout, progress or _ray_session.Progress("doctor --ray"))
+    if found.get("cluster"):
+        data["cluster"] = found["cluster"]
+    if found.get("error"):
+        return {**data, "error": found["error"]}
+    entries = found["result"]
     disagreeing = disagreements(entries)
     return {**data, "nodes": entries, "disagreements": disagreeing, "problems": problems(entries, disagreeing)}
 
@@ -302,8 +309,9 @@ def render(data: dict[str, Any]) -> str:
     disagreements and problems."""
     if data.get("error"):
         return f"doctor --ray: {data['error']}"
+    where, notes = _ray_session.cluster_lines(data["address"], data.get("cluster"))
     if not data["nodes"]:
-        return f"doctor --ray: no alive node in the cluster at {data['address']}"
+        return "\n".join([f"doctor --ray: no alive node in {where}", *notes])
     entries = data["nodes"]
     odd = {field: _odd_ones(entries, field) for _, field in COLUMNS}
     rows = [
@@ -311,7 +319,7 @@ def render(data: dict[str, Any]) -> str:
         for e in entries
     ]
     env = f", runtime_env {json.dumps(data['runtime_env'])}" if data["runtime_env"] else ""
-    lines = [f"verl-npu-autopatch doctor --ray: {len(entries)} alive node(s) at {data['address']}{env}", ""]
+    lines = [f"verl-npu-autopatch doctor --ray: {len(entries)} alive node(s) in {where}{env}", *notes, ""]
     lines += [table(rows, ["node"] + [name for name, _ in COLUMNS]), "", "python per node:"]
     lines += [f"  {_label(e)}: {e['python'] or '?'}" for e in entries]
     if any(e["verify"] is not None for e in entries):
@@ -324,6 +332,7 @@ def render(data: dict[str, Any]) -> str:
             lines.append(f"  {item['field']}: {values}")
     if data["problems"]:
         lines += ["", "PROBLEMS:"] + [f"  {text}" for text in data["problems"]]
+        lines += ship_hint([_label(e) for e in entries if e["installed"] is False], data["runtime_env"])
     else:
         lines += ["", "all nodes have verl-npu-autopatch and agree"]
     return "\n".join(lines)
@@ -348,6 +357,26 @@ def main(args: Any, status: str) -> int:
     if args.device:
         runtime_env = dict(runtime_env or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), "VERL_NPU_AUTOPATCH_DEVICE": args.device}
-    data = probe_cluster(args.ray, runtime_env, status, getattr(args, "timeout", None) or TIMEOUT_S)
+    timeout = getattr(args, "timeout", None)
+    progress = _ray_session.Progress("doctor --ray")
+    connect_timeout = timeout or _ray_session.CONNECT_TIMEOUT_S
+    data = probe_cluster(args.ray, runtime_env, status, timeout or TIMEOUT_S, connect_timeout, progress)
     print(json.dumps(data, indent=2)) if args.json else show(render(data))
     return exit_code(data)
+
+
+def ship_hint(missing: list[str], runtime_env: dict[str, Any] | None, who: str = "the probes") -> list[str]:
+    """How to give ``who`` on the nodes in ``missing`` (their labels) the package: a pip
+    ``runtime_env`` (an empty line first)."""
+    if not missing:
+        return []
+    from verl_npu_autopatch._version import __version__
+
+    wheel = f"/path/to/verl_npu_autopatch-{__version__}-py3-none-any.whl"
+    shipped = " (the runtime_env given does not install it there)" if runtime_env else ""
+    return [
+        "",
+        f"verl-npu-autopatch is missing on {len(missing):,} node(s): {', '.join(missing)}{shipped}.",
+        f"Run {who} with it: its wheel in a pip runtime_env, at a path every node can read (docs/installing.md):",
+        f"  --runtime-env '{json.dumps({'pip': [wheel]})}'",
+    ]

@@ -67,3 +67,25 @@ def test_fleet_gathers_the_actors_reports_from_every_node(
     assert bare_code == 0 and sorted(p["pid"] for p in bare["processes"]) == sorted(pids)
     [unreadable] = bare["unreadable"]
     assert unreadable["file"].startswith(f"node {cluster.bare_id[:8]}") and "cannot be imported" in unreadable["error"]
+
+
+def test_fleet_ray_dir_reads_dir_on_the_cluster_auto_finds_and_names_the_nodes_without_the_package(
+    runner_python: Path, cluster: Cluster, tmp_path: Path
+) -> None:
+    """The documented ``fleet --ray DIR`` (``--ray`` alone: auto, here through ``RAY_ADDRESS``):
+    DIR is read on every node, the cluster reached is named, and the bare node is named with how to
+    ship the package, not told to set the report variable (issue 39)."""
+    command = [str(runner_python.parent / "verl-npu-autopatch"), "fleet", "--ray", str(tmp_path)]
+    env = clean_env(RAY_ADDRESS=cluster.address)
+    proc = subprocess.run([*command, "--json"], env=env, capture_output=True, text=True, timeout=900, check=False)
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 2 and proc.stderr == ""  # no live process
+    assert data["cluster"]["address"] == cluster.address and data["cluster"]["nodes"] == 2
+    assert data["sources"][0].startswith(f"{tmp_path} on every node of the Ray cluster at {cluster.address}")
+    [bare] = data["without_package"]
+    assert bare.startswith(f"node {cluster.bare_id[:8]} (")
+    text = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False).stdout
+    words = " ".join(text.split())
+    assert f"verl-npu-autopatch is missing on 1 node(s): {bare}." in words
+    assert """--runtime-env '{"pip": ["/path/to/verl_npu_autopatch-0.1.0-py3-none-any.whl"]}'""" in words
+    assert "is VERL_NPU_AUTOPATCH_REPORT_DIR set" not in words

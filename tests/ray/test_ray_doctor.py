@@ -162,3 +162,83 @@ def test_a_node_whose_kernel_disagrees_is_a_problem() -> None:
         "node abcdef01 (10.0.0.2, python /py): doctor --verify: 1/2 checks passed on npu; "
         "MISMATCH: transformers.qwen3.rms_norm"
     ]
+
+
+def test_auto_names_the_cluster_it_reached(runner_python: Path, cluster: Cluster) -> None:
+    """``--ray`` alone (``auto``) with ``RAY_ADDRESS`` set: the first line names the address reached,
+    how auto found it and the session, not "at auto" (issue 39); nothing on a stderr that is not a
+    terminal."""
+    command = [str(runner_python.parent / "verl-npu-autopatch"), "doctor", "--ray"]
+    env = clean_env(RAY_ADDRESS=cluster.address)
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 1 and proc.stderr == ""
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(
+        f"verl-npu-autopatch doctor --ray: 2 alive node(s) in the Ray cluster at {cluster.address} "
+        "(auto: RAY_ADDRESS), session session_"
+    )
+    proc = subprocess.run([*command, "--json"], env=env, capture_output=True, text=True, timeout=900, check=False)
+    data = json.loads(proc.stdout)
+    assert data["address"] == "auto" and data["cluster"]["address"] == cluster.address
+    assert data["cluster"]["nodes"] == 2 and data["cluster"]["found_by"] == "RAY_ADDRESS"
+    assert data["cluster"]["session"].startswith("session_") and data["cluster"]["others"] == []
+
+
+def test_progress_goes_to_a_terminal_and_only_there(runner_python: Path, cluster: Cluster) -> None:
+    """stderr a terminal (a pty): a progress line (nodes k/n), rewritten in place and cleared at the
+    end; stdout (a pipe) holds only the report."""
+    import os
+    import pty
+    import threading
+
+    main, secondary = pty.openpty()
+    said: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # EIO: the last writer closed the terminal
+                return
+            if not chunk:
+                return
+            said.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    command = [str(runner_python.parent / "verl-npu-autopatch"), "doctor", "--ray", cluster.address, "--json"]
+    try:
+        proc = subprocess.run(
+            command, env=clean_env(), stdout=subprocess.PIPE, stderr=secondary, text=True, timeout=900, check=False
+        )
+    finally:
+        os.close(secondary)
+        reader.join(10)
+        os.close(main)
+    text = b"".join(said).decode()
+    assert json.loads(proc.stdout)["nodes"]  # the JSON whole: no progress in it
+    assert "doctor --ray: " in text and "nodes answered" in text, text
+    assert text.endswith("\r"), text  # the line cleared
+
+
+def test_a_cluster_that_refuses_the_driver_is_one_line_saying_why(runner_python: Path, cluster: Cluster) -> None:
+    """The test cluster has Ray's token authentication (Ray 2.60's default); a shell without
+    ``RAY_AUTH_MODE=token`` cannot connect: one line with Ray's reason, nothing of its logging."""
+    env = {k: v for k, v in clean_env().items() if k != "RAY_AUTH_MODE"}
+    command = [str(runner_python.parent / "verl-npu-autopatch"), "doctor", "--ray", cluster.address, "--timeout", "60"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stderr == ""
+    [line] = proc.stdout.splitlines()
+    assert line.startswith(f"doctor --ray: cannot reach the Ray cluster at {cluster.address}: ConnectionError: ")
+    assert "InvalidAuthToken: Authentication token is missing or incorrect" in line
+
+
+def test_probe_cluster_from_a_connected_driver_uses_its_connection(cluster: Cluster) -> None:
+    """Called from a process that is a Ray driver already (this test process: the head's
+    ``ray.init``), the probes run from it, no child; the cluster and its nodes are named."""
+    from verl_npu_autopatch import ray_doctor
+
+    data = ray_doctor.probe_cluster(cluster.address, None, "verl_npu_autopatch.cli:status_data", 300.0)
+    assert {n["node_id"] for n in data["nodes"]} == {cluster.head_id, cluster.bare_id}
+    assert data["cluster"]["address"] == cluster.address and data["cluster"]["nodes"] == 2
+    assert [d["field"] for d in data["disagreements"]] == ["installed"]
