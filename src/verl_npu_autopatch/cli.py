@@ -300,14 +300,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run each applied kernel patch against upstream on tiny inputs on the device (errors, time); "
         f"exit code {MISMATCH} when one disagrees or cannot run (with --ray: every node, a problem there)",
     )
-    check.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="probe every node of a Ray cluster")
+    check.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="probe every node of a Ray cluster: ADDRESS is host:port or ray://host:port (default auto: "
+        "RAY_ADDRESS, else the latest `ray start` here, else the one running here)",
+    )
     check.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the node probes run in")
     check.add_argument(
         "--timeout",
         type=seconds,
         metavar="SECONDS",
-        help=f"how long the child may run (default {DOCTOR_TIMEOUT_S:g}; with --ray, the node probes: 900); "
-        f"exit code {TIMED_OUT} when it runs out",
+        help=f"how long the child may run (default {DOCTOR_TIMEOUT_S:g}; exit code {TIMED_OUT} when it runs out); "
+        "with --ray: how long to wait for the cluster (default 60; exit code 2) and for the node probes "
+        f"(default 900; exit code {TIMED_OUT})",
     )
     fleet = sub.add_parser("fleet", help="what every live process of a job decided (VERL_NPU_AUTOPATCH_REPORT_DIR)")
     _fleet_view.add_arguments(fleet)
