@@ -1,6 +1,7 @@
-"""``fleet``'s text: a first screen that fits 120 columns (how many processes by role, every patch
-that differs between them with who and why, everything uniform in one line, the problems), the
-patch x role matrix (``--all``) and the stale files (``--stale``)."""
+"""``fleet``'s text: a first screen that fits the terminal (``COLUMNS``, else its width, else 120:
+how many processes by role, every patch that differs between them with who and why, everything
+uniform in one line, the problems), the patch x role matrix (``--all``) and the stale files
+(``--stale``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from verl_npu_autopatch._config import read_config
 from verl_npu_autopatch._ray_session import CONNECT_TIMEOUT_S
+from verl_npu_autopatch._summary import width
 from verl_npu_autopatch._text import cut, printable
 from verl_npu_autopatch.fleet import INCOMPLETE, NOTHING, ROLES, STALE_AFTER_S, exit_code, read_directories, view
 from verl_npu_autopatch.ray_doctor import TIMEOUT_S
@@ -24,7 +26,6 @@ __all__ = ["add_arguments", "looks_like_address", "main", "render"]
 #: The variable whose directory ``fleet`` reads when no DIR is named.
 REPORT_DIR = "VERL_NPU_AUTOPATCH_REPORT_DIR"
 
-WIDTH = 120
 #: Reasons shown per differing patch before "... more"; the rest are in ``--json``.
 GROUPS_SHOWN = 4
 #: Longest reason, file name or other text from a file shown on a screen (``--json`` has it whole).
@@ -50,7 +51,7 @@ def _tally(values: Counter[Any]) -> str:
 
 def _add(lines: list[str], text: str, indent: str = "") -> None:
     """``text`` wrapped; escaped again (a no-op on escaped text) so no raw control character passes."""
-    lines += wrap(indent + printable(text), WIDTH, indent + "    ")
+    lines += wrap(indent + printable(text), width(), indent + "    ")
 
 
 def render(data: dict[str, Any], full: bool = False, stale: bool = False) -> str:
@@ -141,7 +142,7 @@ def _matrix(data: dict[str, Any]) -> str:
         for name, by_role in data["matrix"].items()
     ]
     header = ["patch"] + [f"{r} ({data['roles'][r]:,})" for r in roles]
-    return table(rows, header, WIDTH)
+    return table(rows, header, width())
 
 
 def _stale(data: dict[str, Any]) -> list[str]:

@@ -200,8 +200,10 @@ def verify_summary(report: dict[str, Any]) -> str:
     if report["error"]:
         return f"could not run: {_short(report['error'])}"
     results = report["results"]
-    failed = sorted({r["name"] for r in results if not r["passed"]})
     where = f" on {report['device']}" if report["device"] else ""
+    if not results:  # a node without the NPU stack: nothing to check there
+        return f"no checks ran{where}"
+    failed = sorted({r["name"] for r in results if not r["passed"]})
     text = f"{len(results) - sum(not r['passed'] for r in results)}/{len(results)} checks passed{where}"
     return text + (f"; MISMATCH: {', '.join(failed)}" if failed else "")
 
