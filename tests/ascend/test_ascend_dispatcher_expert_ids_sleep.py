@@ -106,7 +106,7 @@ def load_worker(root: Path, allocator_class: type) -> types.ModuleType:
 
 
 @pytest.fixture
-def release(request, releases, npu, monkeypatch) -> Iterator[types.SimpleNamespace]:
+def dispatching(request, releases, npu, monkeypatch) -> Iterator[types.SimpleNamespace]:
     root = releases[request.param][0]
     torch.npu.current_device = lambda: "cpu"  # the doubles' torch.npu: the CPU is the device
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: EP_RANK)
@@ -159,22 +159,22 @@ def level_2_cycle(worker: Any) -> None:
 RELEASES = ("0.23.0.post1", "0.26.0rc1")
 
 
-@pytest.mark.parametrize("release", RELEASES, indirect=True)
-def test_release_loses_the_dispatcher_state_at_level_2(release: types.SimpleNamespace) -> None:
-    worker, dispatcher, model = loaded_model(release)
+@pytest.mark.parametrize("dispatching", RELEASES, indirect=True)
+def test_release_loses_the_dispatcher_state_at_level_2(dispatching: types.SimpleNamespace) -> None:
+    worker, dispatcher, model = loaded_model(dispatching)
     assert routed(dispatcher) == RIGHT
     level_2_cycle(worker)
-    assert model.bias.tolist() == [0.0, 1.0, 2.0, 3.0], "the release restores the model's buffers"
+    assert model.bias.tolist() == [0.0, 1.0, 2.0, 3.0], "the dispatching restores the model's buffers"
     assert dispatcher.expert_ids_per_ep_rank.tolist() == [0] * EXPERTS
     assert routed(dispatcher) == [0] * len(RIGHT), "every token goes to local expert 0"
 
 
-@pytest.mark.parametrize("release", RELEASES, indirect=True)
-def test_with_the_patch_tokens_reach_the_right_local_experts(release: types.SimpleNamespace) -> None:
+@pytest.mark.parametrize("dispatching", RELEASES, indirect=True)
+def test_with_the_patch_tokens_reach_the_right_local_experts(dispatching: types.SimpleNamespace) -> None:
     engine = upstream.run_engine(family.PATCHES, VERL_NPU_AUTOPATCH_ENABLE=GROUP)
     record = engine.report()[STATE]
     assert (record.state, record.reason) == ("applied", "fix installed")
-    worker, dispatcher, model = loaded_model(release)
+    worker, dispatcher, model = loaded_model(dispatching)
     address = dispatcher.expert_ids_per_ep_rank.data_ptr()
     worker.sleep(2)
     worker.wake_up(["kv_cache"])
@@ -186,20 +186,20 @@ def test_with_the_patch_tokens_reach_the_right_local_experts(release: types.Simp
     assert routed(dispatcher) == [0] * len(RIGHT), "the release's behaviour is back"
 
 
-@pytest.mark.parametrize("release", ["0.27.1rc1"], indirect=True)
-def test_release_0_27_is_fixed_upstream(release: types.SimpleNamespace, releases) -> None:
+@pytest.mark.parametrize("dispatching", ["0.27.1rc1"], indirect=True)
+def test_release_0_27_is_fixed_upstream(dispatching: types.SimpleNamespace, releases) -> None:
     path = releases["0.27.1rc1"][0] / "vllm_ascend/ops/fused_moe/fused_moe.py"
     runner = doubles.stub_module(family.FUSED_MOE, "TEST DOUBLE: names the release's file only")
     runner.__file__ = str(path)
-    init = release.dispatcher.TokenDispatcherWithAll2AllV.__dict__["__init__"]
+    init = dispatching.dispatcher.TokenDispatcherWithAll2AllV.__dict__["__init__"]
     with doubles.modules({family.FUSED_MOE: runner}):
         engine = upstream.run_engine(family.PATCHES, VERL_NPU_AUTOPATCH_ENABLE=GROUP)
         record = engine.report()[STATE]
     assert record.state == "fixed-upstream" and "register_buffer" in record.reason
-    assert release.dispatcher.TokenDispatcherWithAll2AllV.__dict__["__init__"] is init
+    assert dispatching.dispatcher.TokenDispatcherWithAll2AllV.__dict__["__init__"] is init
 
 
-@pytest.mark.parametrize("release", ["0.26.0rc1"], indirect=True)
-def test_opt_in_off_by_default(release: types.SimpleNamespace) -> None:
+@pytest.mark.parametrize("dispatching", ["0.26.0rc1"], indirect=True)
+def test_opt_in_off_by_default(dispatching: types.SimpleNamespace) -> None:
     engine = upstream.run_engine(family.PATCHES)
     assert engine.report()[STATE].state == "disabled"
