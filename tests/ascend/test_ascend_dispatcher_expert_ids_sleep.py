@@ -164,7 +164,7 @@ def test_release_loses_the_dispatcher_state_at_level_2(dispatching: types.Simple
     worker, dispatcher, model = loaded_model(dispatching)
     assert routed(dispatcher) == RIGHT
     level_2_cycle(worker)
-    assert model.bias.tolist() == [0.0, 1.0, 2.0, 3.0], "the dispatching restores the model's buffers"
+    assert model.bias.tolist() == [0.0, 1.0, 2.0, 3.0], "the release restores the model's buffers"
     assert dispatcher.expert_ids_per_ep_rank.tolist() == [0] * EXPERTS
     assert routed(dispatcher) == [0] * len(RIGHT), "every token goes to local expert 0"
 
