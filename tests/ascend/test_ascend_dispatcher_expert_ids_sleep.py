@@ -76,7 +76,7 @@ class _Torch:
         return "npu" if kind == "npu" else torch.device(kind)
 
     @staticmethod
-    def histc(ids: torch.Tensor, bins: int, min: int, max: int) -> torch.Tensor:  # noqa: A002  (torch's names)
+    def histc(ids: torch.Tensor, bins: int, min: int, max: int) -> torch.Tensor:
         return torch.histc(ids.float(), bins=bins, min=min, max=max).to(ids.dtype)
 
 
@@ -102,7 +102,9 @@ def load_worker(root: Path, allocator_class: type) -> types.ModuleType:
         "logger": logging.getLogger("tests.worker"),
         "torch": types.SimpleNamespace(npu=types.SimpleNamespace(mem_get_info=lambda: (1 << 30, 1 << 31))),
     }
-    return upstream.load_subset(root / "vllm_ascend/worker/worker.py", WORKER, {"NPUWorker": ("sleep", "wake_up")}, (), namespace)
+    return upstream.load_subset(
+        root / "vllm_ascend/worker/worker.py", WORKER, {"NPUWorker": ("sleep", "wake_up")}, (), namespace
+    )
 
 
 @pytest.fixture
@@ -115,7 +117,9 @@ def dispatching(request, releases, npu, monkeypatch) -> Iterator[types.SimpleNam
     camem.python_create_and_map = lambda device, size, ptr, handle: ctypes.memset(ptr, 0, size)
     dispatcher = load_dispatcher(root / "vllm_ascend/ops/fused_moe/token_dispatcher.py")
     worker = load_worker(root, camem.CaMemAllocator)
-    stubs = {name: doubles.stub_module(name, "TEST DOUBLE: a package holding the tested module only") for name in PACKAGES}
+    stubs = {
+        name: doubles.stub_module(name, "TEST DOUBLE: a package holding the tested module only") for name in PACKAGES
+    }
     for stub in stubs.values():
         stub.__path__ = []  # type: ignore[attr-defined]
     loaded = {family.CAMEM: camem, family.DISPATCHER: dispatcher, WORKER: worker}
@@ -174,7 +178,7 @@ def test_with_the_patch_tokens_reach_the_right_local_experts(dispatching: types.
     engine = upstream.run_engine(family.PATCHES, VERL_NPU_AUTOPATCH_ENABLE=GROUP)
     record = engine.report()[STATE]
     assert (record.state, record.reason) == ("applied", "fix installed")
-    worker, dispatcher, model = loaded_model(dispatching)
+    worker, dispatcher, _ = loaded_model(dispatching)
     address = dispatcher.expert_ids_per_ep_rank.data_ptr()
     worker.sleep(2)
     worker.wake_up(["kv_cache"])

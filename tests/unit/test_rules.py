@@ -13,11 +13,11 @@ import pytest
 
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
+    ascend_dispatcher_expert_ids_sleep,
     ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_mooncake_aborted_receive,
     ascend_mooncake_hybrid_send_counts,
-    ascend_dispatcher_expert_ids_sleep,
     ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
     ascend_routed_experts_capture,
@@ -159,7 +159,7 @@ CAMEM_WAKE_UP = Code("defwake_up(self,tags=None):fordatain...:create_and_map(han
 def expert_ids(
     init: Code = EXPERT_IDS_INIT, wake_up: Code | None = CAMEM_WAKE_UP, fused_moe: str | None = "setup_moe_comm_method("
 ) -> Verdict:
-    return ascend_dispatcher_expert_ids_sleep.expert_ids_rule(init, wake_up, fused_moe)
+    return ascend_dispatcher_expert_ids_sleep.expert_ids_rule.decide(init, wake_up, fused_moe)
 
 
 def send_counts(load: str, pulls: Code | None = HYBRID_PULLS, add: Code | None = ADD_REQUEST) -> Verdict:
@@ -285,7 +285,9 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     "expert ids: 0.26.0rc1 plain attribute": (lambda: expert_ids(), "apply"),
     "expert ids: no fused_moe.py": (lambda: expert_ids(fused_moe=None), "apply"),
     "expert ids: registered as a buffer": (
-        lambda: expert_ids(fused_moe='self.routed_experts.register_buffer("expert_ids_per_ep_rank",ids,persistent=False)'),
+        lambda: expert_ids(
+            fused_moe='self.routed_experts.register_buffer("expert_ids_per_ep_rank",ids,persistent=False)'
+        ),
         "fixed-upstream",
     ),
     "expert ids: __init__ without the tensor": (

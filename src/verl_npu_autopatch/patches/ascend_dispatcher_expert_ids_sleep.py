@@ -82,7 +82,7 @@ def _file_source(name: str) -> ModuleSource | None:
                 break
     try:
         return None if path is None else ModuleSource(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
+    except (OSError, SyntaxError, UnicodeDecodeError):  # unreadable: the rule says what absence means
         return None
 
 
@@ -91,7 +91,7 @@ def check(site: Site) -> Verdict:
     read from its file (importing it here would run it while it imports this module)."""
     camem = _file_source(CAMEM)
     wake_up = None if camem is None else camem.code("CaMemAllocator.wake_up")
-    return expert_ids_rule(Code.live(site.value), wake_up, _normalized(_file_source(FUSED_MOE)))
+    return expert_ids_rule.decide(Code.live(site.value), wake_up, _normalized(_file_source(FUSED_MOE)))
 
 
 def static(tree: UpstreamTree) -> Verdict:
@@ -99,7 +99,7 @@ def static(tree: UpstreamTree) -> Verdict:
     return tree.judge(
         DISPATCHER,
         "TokenDispatcherWithAll2AllV.__init__",
-        lambda init: expert_ids_rule(
+        lambda init: expert_ids_rule.decide(
             init, tree.code(CAMEM, "CaMemAllocator.wake_up"), _normalized(tree.module(FUSED_MOE))
         ),
     )
