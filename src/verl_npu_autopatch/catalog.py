@@ -60,6 +60,7 @@ FAMILIES: tuple[str, ...] = (
     "ascend_mooncake_truncate_rehash",
     "ascend_mooncake_hybrid_send_counts",
     "ascend_mooncake_sleep_reregister",
+    "ascend_dispatcher_expert_ids_sleep",
     "vllm_engine_partial_wake_up",
     "verl_defer_duplicates",
     "verl_3d_position_ids",

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_dispatcher_expert_ids_sleep import dispatching  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_fused_moe_copies import moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
@@ -27,6 +28,7 @@ from tests.ascend.test_vllm_routed_experts_padding_slots import capturer  # noqa
 from tests.support import contract
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
+    ascend_dispatcher_expert_ids_sleep,
     ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_gate_fp32_in_place,
@@ -107,6 +109,17 @@ def test_mooncake_sleep_reregister_changes_the_worker_and_the_transfer_engine(sl
             f"{worker}:NPUWorker.sleep",
             f"{worker}:NPUWorker.wake_up",
             f"{engine}:GlobalTE.register_buffer",
+        }
+    }
+
+
+@pytest.mark.parametrize("dispatching", ["0.23.0.post1", "0.26.0rc1"], indirect=True)
+def test_dispatcher_expert_ids_sleep_changes_the_dispatcher_and_camem(dispatching: types.SimpleNamespace) -> None:  # noqa: F811
+    family = ascend_dispatcher_expert_ids_sleep
+    assert _applied(family.PATCHES) == {
+        "ascend.dispatcher_expert_ids_sleep": {
+            f"{family.DISPATCHER}:TokenDispatcherWithAll2AllV.__init__",
+            f"{family.CAMEM}:CaMemAllocator.wake_up",
         }
     }
 

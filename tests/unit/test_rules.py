@@ -13,6 +13,7 @@ import pytest
 
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
+    ascend_dispatcher_expert_ids_sleep,
     ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_mooncake_aborted_receive,
@@ -147,6 +148,20 @@ def reregister(sleep: str, wake_up: Code | None = WAKE_UP, register: Code | None
     return ascend_mooncake_sleep_reregister.reregister_rule(Code(sleep, ("self", "level")), wake_up, register)
 
 
+EXPERT_IDS_INIT = Code(
+    "def__init__(self,**kwargs):super().__init__(**kwargs)ifself.num_local_experts>1:"
+    "self.expert_ids_per_ep_rank=torch.tensor([i%self.num_local_expertsforiinrange(self.num_experts)])",
+    ("self", "kwargs"),
+)
+CAMEM_WAKE_UP = Code("defwake_up(self,tags=None):fordatain...:create_and_map(handle)", ("self", "tags"))
+
+
+def expert_ids(
+    init: Code = EXPERT_IDS_INIT, wake_up: Code | None = CAMEM_WAKE_UP, fused_moe: str | None = "setup_moe_comm_method("
+) -> Verdict:
+    return ascend_dispatcher_expert_ids_sleep.expert_ids_rule.decide(init, wake_up, fused_moe)
+
+
 def send_counts(load: str, pulls: Code | None = HYBRID_PULLS, add: Code | None = ADD_REQUEST) -> Verdict:
     return ascend_mooncake_hybrid_send_counts.send_counts_rule(Code(load, ("self", "metadata")), pulls, add)
 
@@ -264,6 +279,25 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         lambda: ascend_mooncake_hybrid_send_counts.send_counts_rule(
             Code(CP_ONLY, ("self", "metadata", "n")), HYBRID_PULLS, ADD_REQUEST
         ),
+        "unsupported",
+    ),
+    # ascend.dispatcher_expert_ids_sleep: the dispatcher's __init__, CaMem's wake_up, fused_moe.py's text
+    "expert ids: 0.26.0rc1 plain attribute": (lambda: expert_ids(), "apply"),
+    "expert ids: no fused_moe.py": (lambda: expert_ids(fused_moe=None), "apply"),
+    "expert ids: registered as a buffer": (
+        lambda: expert_ids(
+            fused_moe='self.routed_experts.register_buffer("expert_ids_per_ep_rank",ids,persistent=False)'
+        ),
+        "fixed-upstream",
+    ),
+    "expert ids: __init__ without the tensor": (
+        lambda: expert_ids(Code("def__init__(self,**kwargs):pass", ("self", "kwargs"))),
+        "unsupported",
+    ),
+    "expert ids: other parameters": (lambda: expert_ids(Code(EXPERT_IDS_INIT.source, ("self",))), "unsupported"),
+    "expert ids: no CaMem wake_up": (lambda: expert_ids(wake_up=None), "unsupported"),
+    "expert ids: wake_up without tags": (
+        lambda: expert_ids(wake_up=Code("defwake_up(self):create_and_map(handle)", ("self",))),
         "unsupported",
     ),
     # ascend.mooncake_sleep_reregister

@@ -92,6 +92,9 @@ INDEX = (
     ('ascend_mooncake_sleep_reregister', (
         ('ascend.mooncake_sleep_reregister', ('pd_disaggregation', 'ascend'), False, 'npu-stack', (), (('vllm_ascend.worker.worker', 'NPUWorker.sleep', ()),)),
     )),
+    ('ascend_dispatcher_expert_ids_sleep', (
+        ('ascend.dispatcher_expert_ids_sleep', ('sleep_level2', 'ascend'), False, 'npu-stack', (), (('vllm_ascend.ops.fused_moe.token_dispatcher', 'TokenDispatcherWithAll2AllV.__init__', ()),)),
+    )),
     ('vllm_engine_partial_wake_up', (
         ('vllm.engine_partial_wake_up', ('glm52', 'vllm'), False, 'npu-stack', (), (('vllm.v1.engine.core', 'EngineCore.wake_up', ()),)),
     )),
