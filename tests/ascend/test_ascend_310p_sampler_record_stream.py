@@ -87,7 +87,7 @@ def load_sampler(root, path=None) -> types.ModuleType:
 
 
 @pytest.fixture
-def sampler(request, releases, npu, monkeypatch) -> Iterator[types.ModuleType]:
+def sampler_310p(request, releases, npu, monkeypatch) -> Iterator[types.ModuleType]:
     streams.install(monkeypatch)
     module = load_sampler(releases[request.param][0])
     with doubles.alone_in_package(module):
@@ -110,34 +110,34 @@ def made(label: str) -> list[tuple[str, object]]:
     return [*side, ("wait_stream", ("main", "side"))]
 
 
-@pytest.mark.parametrize("sampler", RELEASES, indirect=True)
-def test_release_frees_its_tensor_with_only_the_side_stream_knowing_it(sampler, request):
-    _, events = sample(sampler)
-    assert events == made(request.node.callspec.params["sampler"])
+@pytest.mark.parametrize("sampler_310p", RELEASES, indirect=True)
+def test_release_frees_its_tensor_with_only_the_side_stream_knowing_it(sampler_310p, request):
+    _, events = sample(sampler_310p)
+    assert events == made(request.node.callspec.params["sampler_310p"])
 
 
-@pytest.mark.parametrize("sampler", RELEASES, indirect=True)
-def test_patched_sampler_records_its_tensor_on_the_consuming_stream(sampler, request):
-    original = getattr(sampler, family.FUNCTION)
-    expected, _ = sample(sampler)
+@pytest.mark.parametrize("sampler_310p", RELEASES, indirect=True)
+def test_patched_sampler_records_its_tensor_on_the_consuming_stream(sampler_310p, request):
+    original = getattr(sampler_310p, family.FUNCTION)
+    expected, _ = sample(sampler_310p)
     engine = upstream.run_engine(family.PATCHES, **ENABLE)
     assert engine.report()[STATE].state == "applied", engine.report()[STATE].reason
-    patched = getattr(sampler, family.FUNCTION)
+    patched = getattr(sampler_310p, family.FUNCTION)
     assert patched is not original
     assert patched.__code__.co_filename == original.__code__.co_filename  # the release's file
-    ids, events = sample(sampler)
-    assert events == [*made(request.node.callspec.params["sampler"]), ("record_stream", "main")]
+    ids, events = sample(sampler_310p)
+    assert events == [*made(request.node.callspec.params["sampler_310p"]), ("record_stream", "main")]
     assert torch.equal(ids, expected)  # the same draws, the same ids
     assert engine.revert() == [STATE]
-    assert getattr(sampler, family.FUNCTION) is original
-    assert ("record_stream", "main") not in sample(sampler)[1]
+    assert getattr(sampler_310p, family.FUNCTION) is original
+    assert ("record_stream", "main") not in sample(sampler_310p)[1]
 
 
-@pytest.mark.parametrize("sampler", ["0.23.0", "0.30.0rc2"], indirect=True)
-def test_off_by_default(sampler):
-    original = getattr(sampler, family.FUNCTION)
+@pytest.mark.parametrize("sampler_310p", ["0.23.0", "0.30.0rc2"], indirect=True)
+def test_off_by_default(sampler_310p):
+    original = getattr(sampler_310p, family.FUNCTION)
     assert upstream.run_engine(family.PATCHES).report()[STATE].state == "disabled"
-    assert getattr(sampler, family.FUNCTION) is original
+    assert getattr(sampler_310p, family.FUNCTION) is original
 
 
 @pytest.mark.parametrize("label", ["0.25.1rc1", "0.30.0rc2"])
@@ -161,14 +161,14 @@ def test_fixed_upstream_where_the_function_records_its_tensor(label, releases, n
         assert sample(module)[1].count(("record_stream", "main")) == 1
 
 
-@pytest.mark.parametrize("sampler", ["0.30.0rc2"], indirect=True)
-def test_unsupported_where_the_helper_makes_no_device_copy(sampler, monkeypatch):
+@pytest.mark.parametrize("sampler_310p", ["0.30.0rc2"], indirect=True)
+def test_unsupported_where_the_helper_makes_no_device_copy(sampler_310p, monkeypatch):
     def helper(batch_size, generators, device):  # a host tensor: nothing to record on the device
         return torch.rand(batch_size)
 
-    monkeypatch.setattr(sampler, family.UNIFORMS_HELPER, helper)
-    original = getattr(sampler, family.FUNCTION)
+    monkeypatch.setattr(sampler_310p, family.UNIFORMS_HELPER, helper)
+    original = getattr(sampler_310p, family.FUNCTION)
     record = upstream.run_engine(family.PATCHES, **ENABLE).report()[STATE]
     assert record.state == "unsupported"
     assert family.UNIFORMS_HELPER in record.reason
-    assert getattr(sampler, family.FUNCTION) is original
+    assert getattr(sampler_310p, family.FUNCTION) is original

@@ -91,7 +91,10 @@ def static(tree: UpstreamTree) -> Verdict:
 PATCHES = [
     Patch(
         name="vllm.routed_experts_padding_slots",
-        summary="RoutedExpertsManager.store_batch skips padding slot id -1 instead of writing the last slot.",
+        summary=(
+            "RoutedExpertsManager.store_batch skips padding slot id -1 instead of writing the last slot "
+            "(fixed upstream where capture stores the scheduled rows only)."
+        ),
         reference=RECIPE,
         groups=("router_replay", "vllm"),
         targets=(slots_rule.target, capture_rule.target),
