@@ -53,6 +53,7 @@ FAMILIES: tuple[str, ...] = (
     "ascend_routed_experts_capture",
     "ascend_routed_experts_dp_padding_trim",
     "ascend_sampler_record_stream",
+    "ascend_310p_sampler_record_stream",
     "ascend_gate_fp32_in_place",
     "ascend_dsv4_rope_plain_swa",
     "ascend_fused_moe_copies",

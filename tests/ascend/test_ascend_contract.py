@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.ascend.test_ascend_310p_sampler_record_stream import sampler_310p  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dispatcher_expert_ids_sleep import dispatching  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
@@ -27,6 +28,7 @@ from tests.ascend.test_vllm_engine_partial_wake_up import core_023  # noqa: F401
 from tests.ascend.test_vllm_routed_experts_padding_slots import capturer  # noqa: F401  (fixture)
 from tests.support import contract
 from verl_npu_autopatch.patches import (
+    ascend_310p_sampler_record_stream,
     ascend_camem_sleep_sync,
     ascend_dispatcher_expert_ids_sleep,
     ascend_dsv4_rope_plain_swa,
@@ -75,6 +77,13 @@ def test_glm52_on_vllm_ascend_0_23(glm: types.SimpleNamespace, patch: Any) -> No
 def test_sampler_record_stream(sampler: types.ModuleType) -> None:  # noqa: F811
     assert _applied(ascend_sampler_record_stream.PATCHES) == {
         "ascend.sampler_record_stream": {f"{ascend_sampler_record_stream.SAMPLER}:random_sample"}
+    }
+
+
+@pytest.mark.parametrize("sampler_310p", ["0.18.0", "0.25.1rc1", "0.30.0rc2"], indirect=True)
+def test_310p_sampler_record_stream(sampler_310p: types.ModuleType) -> None:  # noqa: F811
+    assert _applied(ascend_310p_sampler_record_stream.PATCHES) == {
+        "ascend.310p_sampler_record_stream": {f"{ascend_310p_sampler_record_stream.SAMPLER}:_random_sample_310p"}
     }
 
 

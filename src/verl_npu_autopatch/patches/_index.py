@@ -9,7 +9,7 @@ INDEX = (
         ('vllm.rotary_flash_attn_guard', ('vllm',), True, 'npu-stack', (), (('vllm.model_executor.layers.rotary_embedding.common', 'ApplyRotaryEmb.__init__', ()),)),
     )),
     ('vllm_routed_experts_padding_slots', (
-        ('vllm.routed_experts_padding_slots', ('router_replay', 'vllm'), False, 'npu-stack', (), (('vllm.model_executor.layers.fused_moe.routed_experts_capturer', 'RoutedExpertsManager.store_batch', ()),)),
+        ('vllm.routed_experts_padding_slots', ('router_replay', 'vllm'), False, 'npu-stack', (), (('vllm.model_executor.layers.fused_moe.routed_experts_capturer', 'RoutedExpertsManager.store_batch', ()), ('vllm.distributed.aux_output_connector.worker', 'AuxOutputWorkerConnector.prepare_output', ()))),
     )),
     ('transformers_npu', (
         ('transformers.qwen2.rms_norm', ('transformers', 'transformers.qwen2'), True, 'npu-device', ('transformers',), (('transformers.models.qwen2.modeling_qwen2', 'Qwen2RMSNorm.forward', ()),)),
@@ -70,6 +70,9 @@ INDEX = (
     )),
     ('ascend_sampler_record_stream', (
         ('ascend.sampler_record_stream', ('ascend',), True, 'npu-stack', (), (('vllm_ascend.sample.sampler', 'random_sample', ()),)),
+    )),
+    ('ascend_310p_sampler_record_stream', (
+        ('ascend.310p_sampler_record_stream', ('310p', 'ascend'), False, 'npu-stack', (), (('vllm_ascend._310p.sample.sampler', '_random_sample_310p', ()),)),
     )),
     ('ascend_gate_fp32_in_place', (
         ('ascend.gate_fp32_in_place', ('dsv4', 'ascend'), False, 'npu-stack', (), (('vllm_ascend.ops.linear', 'AscendUnquantizedLinearMethod.process_weights_after_loading', ()),)),

@@ -6,8 +6,9 @@ vllm-ascend keeps an fp32 copy of the router gate of DeepSeek-V4 (layers marked
 ``AscendUnquantizedLinearMethod.process_weights_after_loading`` after every load. Up to 0.27.1rc1
 it assigns a new tensor; graphs captured before the sync keep reading the old one, so after an RL
 weight update the router keeps routing with the stale gate (the recipe's
-``vllm-ascend-dsv4-gate-fp32-inplace.patch``). 0.28.0rc1 replaces it with
-``replace_parameter(..., prefer_copy=True)`` (``fixed-upstream``).
+``vllm-ascend-dsv4-gate-fp32-inplace.patch``; vllm-ascend issue #17197). 0.28.0rc1 replaces it
+with ``replace_parameter(..., prefer_copy=True)``, upstream's fix, vllm-ascend PR #15666
+(``fixed-upstream``).
 
 The fix wraps the method: when the layer already held an fp32 gate of the same shape and dtype,
 the newly made one is copied into it and the layer keeps the old tensor (the first load, or a
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
+from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
 from verl_npu_autopatch.patches._fingerprints import Code
 from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
@@ -76,6 +77,6 @@ PATCHES = [
         rule=gate_rule,
         wrap=around(process_weights),
         opt_in="dsv4",
-        reference=RECIPE,
+        reference="https://github.com/vllm-project/vllm-ascend/pull/15666",
     ),
 ]
