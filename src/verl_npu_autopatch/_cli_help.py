@@ -5,6 +5,7 @@ docs/exit-codes.md and docs/configuration.md say the same at length; a test keep
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from verl_npu_autopatch import _summary
@@ -122,3 +123,14 @@ def parser_options(command: str = "") -> dict[str, Any]:
         "epilog": epilog(command),
         "formatter_class": argparse.RawDescriptionHelpFormatter,
     }
+
+
+def seconds(text: str) -> float:
+    """``--timeout``'s value: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value

@@ -118,8 +118,14 @@ def _strings(value: object, field: str) -> list[str]:
 def _record(value: object, index: int) -> dict[str, str]:
     if type(value) is dict:  # the common case, checked without building a field name per record
         name, state, reason = value.get("name"), value.get("state"), value.get("reason")
-        texts = type(name) is str and type(reason) is str and len(name) <= REASON_CHARS >= len(reason)
-        if texts and type(state) is str and state in _STATES:
+        if (
+            type(name) is str
+            and type(reason) is str
+            and type(state) is str
+            and state in _STATES
+            and len(name) <= REASON_CHARS
+            and len(reason) <= REASON_CHARS
+        ):
             return {"name": name, "state": state, "reason": reason}
     field = f"records[{index}]"
     if type(value) is not dict:

@@ -13,6 +13,7 @@ import re
 from collections import Counter
 from typing import Any
 
+from verl_npu_autopatch._cli_help import seconds
 from verl_npu_autopatch._config import read_config
 from verl_npu_autopatch._ray_session import CONNECT_TIMEOUT_S
 from verl_npu_autopatch._summary import width
@@ -164,17 +165,6 @@ def _hours(text: str) -> float:
     return hours
 
 
-def _seconds(text: str) -> float:
-    """``--timeout``: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
 def _json_object(text: str) -> dict[str, Any]:
     """``--runtime-env``: a JSON object."""
     try:
@@ -279,7 +269,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds,
         metavar="SECONDS",
         help=f"with --ray: how long to wait for the cluster (default {CONNECT_TIMEOUT_S:g}) and for the nodes' "
         f"answers (default {TIMEOUT_S:g})",

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import site
 import sys
 from pathlib import Path
 from typing import Any
 
 from verl_npu_autopatch import _bugreport, _cli_help, _environment, _fleet_view, _summary, catalog, doctor
+from verl_npu_autopatch._cli_help import seconds
 from verl_npu_autopatch._config import VARIABLES, read_config, variable_warnings
 from verl_npu_autopatch._startup import OBSERVER
 from verl_npu_autopatch._version import __version__
@@ -329,17 +329,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how long the doctor child may run (default {DOCTOR_TIMEOUT_S:g})",
     )
     return parser
-
-
-def seconds(text: str) -> float:
-    """``--timeout``'s value: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
 
 
 def ascii_safe() -> None:

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from tests.unit.test_units import plus_one_patch
+from verl_npu_autopatch._cli_help import seconds
 from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.cli import seconds
 from verl_npu_autopatch.doctor import LOG_LINES, first_screen
 from verl_npu_autopatch.engine import Engine
 from verl_npu_autopatch.spec import Patch
