@@ -5,7 +5,7 @@ run to megabytes.
 Standard library only, imports nothing at run time: the engine uses it inside its guards.
 """
 
-__all__ = ["REASON_CHARS", "cut", "describe", "printable", "safe_str"]
+__all__ = ["REASON_CHARS", "cut", "describe", "printable", "safe_repr", "safe_str"]
 
 #: Longest reason a record, a report file or ``--json`` keeps (screens cut shorter).
 REASON_CHARS = 2000
@@ -35,6 +35,20 @@ def safe_str(value: object, limit: int = REASON_CHARS) -> str:
         if type(text) is not str:  # a str subclass could misbehave later: keep a plain copy
             text = str.__str__(text)
     except BaseException as exc:  # a broken __str__ must not break the caller's guard
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return f"<unprintable {_type_name(value)} object>"
+    return cut(text, limit)
+
+
+def safe_repr(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit``, or a stand-in naming its type where ``repr`` raises.
+    Never raises."""
+    try:
+        text = repr(value)
+        if type(text) is not str:  # a str subclass could misbehave later: keep a plain copy
+            text = str.__str__(text)
+    except BaseException as exc:  # a broken __repr__ must not break the caller's guard
         if isinstance(exc, KeyboardInterrupt):
             raise
         return f"<unprintable {_type_name(value)} object>"

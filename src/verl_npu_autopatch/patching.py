@@ -9,6 +9,7 @@ import textwrap
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from verl_npu_autopatch._text import safe_repr
 from verl_npu_autopatch.spec import Undo
 
 __all__ = [
@@ -196,7 +197,7 @@ def signature_text(params: Iterable[str] | inspect.Signature | None) -> str:
             parts.append("*")
             star = True
         star = star or p.kind is p.VAR_POSITIONAL
-        parts.append(_STARS.get(p.kind, "") + p.name + ("" if p.default is p.empty else f"={p.default!r}"))
+        parts.append(_STARS.get(p.kind, "") + p.name + ("" if p.default is p.empty else f"={safe_repr(p.default)}"))
     return f"({', '.join(parts)})"
 
 

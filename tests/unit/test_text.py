@@ -46,3 +46,24 @@ def test_escape_sequences_are_shown_not_run() -> None:
     assert shown == "ok\\x1b]0;pwned\\x07\\x1b[2J\\u202eevil\\u200b\\r\\n\\x9b"
     assert shown.isprintable()
     assert printable("plain é 中文") == "plain é 中文"
+
+
+class BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr for you")
+
+
+BAD_DEFAULT = BadRepr()
+
+
+def test_a_signature_with_a_default_whose_repr_raises_is_still_shown() -> None:
+    import inspect
+
+    from verl_npu_autopatch._text import safe_repr
+    from verl_npu_autopatch.patching import signature_text
+
+    def upstream(x, flag=BAD_DEFAULT, size=3):  # type: ignore[no-untyped-def]
+        return x
+
+    assert signature_text(inspect.signature(upstream)) == "(x, flag=<unprintable BadRepr object>, size=3)"
+    assert safe_repr("x" * 500).endswith("... (502 characters)")
