@@ -317,6 +317,10 @@ def main(args: argparse.Namespace) -> int:
         if args.ray is not None:
             data.update(cluster=read["cluster"], notes=notes, without_package=read.get("without_package", []))
             data["runtime_env"] = args.runtime_env
+    if args.json:  # where fleet ran, as every --json says (the processes' own versions are in their entries)
+        from verl_npu_autopatch._bugreport import environment
+
+        data["environment"] = environment()
     print(
         json.dumps(data) if args.json else render(data, full=args.all, stale=args.stale)
     )  # one line: 100 MB for 10,000

@@ -363,6 +363,10 @@ def main(args: Any, status: str) -> int:
     progress = _ray_session.Progress("doctor --ray")
     connect_timeout = timeout or _ray_session.CONNECT_TIMEOUT_S
     data = probe_cluster(args.ray, runtime_env, status, timeout or TIMEOUT_S, connect_timeout, progress)
+    if args.json:  # where doctor --ray ran, as every --json says (each node's own is in its status)
+        from verl_npu_autopatch._bugreport import environment
+
+        data["environment"] = environment()
     print(json.dumps(data, indent=2)) if args.json else show(render(data))
     return exit_code(data)
 

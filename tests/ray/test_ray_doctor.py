@@ -39,6 +39,7 @@ def test_a_node_without_the_package_is_reported_and_fails(runner_python: Path, c
     assert code == 1
     assert head["installed"] is True and head["version"] == "0.1.0" and head["hook"] == "observer"
     assert head["python"] == str(runner_python)
+    assert data["environment"]["verl_npu_autopatch"] == "0.1.0"  # where doctor --ray ran, as every --json says
     assert bare["installed"] is False and bare["python"] == str(cluster.bare_prefix / "bin" / "python")
     assert "cannot be imported" in bare["error"]
     assert [d["field"] for d in data["disagreements"]] == ["installed"]

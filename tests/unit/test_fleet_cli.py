@@ -145,3 +145,9 @@ def test_help_has_a_description_exit_codes_and_the_environment(capsys: pytest.Ca
     ):
         assert needle in text, needle
     assert max(len(line) for line in _fleet_view.EPILOG.splitlines() + _fleet_view.DESCRIPTION.splitlines()) < 80
+
+
+def test_fleet_json_carries_the_environment_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["fleet", str(tmp_path), "--json"]) == 2  # nothing to judge in an empty directory
+    data = json.loads(capsys.readouterr().out)
+    assert data["environment"]["verl_npu_autopatch"] and "packages" in data["environment"]
