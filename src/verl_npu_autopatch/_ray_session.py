@@ -224,17 +224,22 @@ def connected_ray() -> Any:
 
 
 # --------------------------------------------------------------------------- the parent
+#: How long the work runs before a progress line shows: quick runs print none.
+PROGRESS_AFTER_S = 1.5
+
+
 class Progress:
     """One line on stderr, rewritten in place, once the work took longer than ``delay`` seconds;
     only when stderr is a terminal (never in a pipe, a file or a log)."""
 
-    def __init__(self, label: str, stream: IO[str] | None = None, delay: float = 1.5) -> None:
+    def __init__(self, label: str, stream: IO[str] | None = None, delay: float | None = None) -> None:
         self.stream = sys.stderr if stream is None else stream
         try:
             self.enabled = self.stream.isatty()
         except Exception:  # a replaced stream without isatty: no progress line
             self.enabled = False
-        self.label, self.delay, self.start, self.shown = label, delay, time.monotonic(), 0
+        self.delay = PROGRESS_AFTER_S if delay is None else delay
+        self.label, self.start, self.shown = label, time.monotonic(), 0
 
     def show(self, text: str) -> None:
         elapsed = time.monotonic() - self.start
