@@ -319,7 +319,7 @@ def render(report: dict[str, Any], width: int = 120) -> list[str]:
     ]
     header = ["kernel", "dtype", "result", "fwd abs", "fwd rel", "bwd abs", "bwd rel", "time patched/upstream"]
     if rows or not report["error"]:
-        lines += [table(rows, header)] if rows else ["no applied kernel patch to verify"]
+        lines += table(rows, header).splitlines() if rows else ["no applied kernel patch to verify"]
     failed = [r for r in report["results"] if not r["passed"]]
     for r in failed:
         why = r["error"] or f"error above the {_SHORT_DTYPE.get(r['dtype'], r['dtype'])} tolerance {r['tolerance']:g}"
