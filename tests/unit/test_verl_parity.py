@@ -26,7 +26,7 @@ def _rows() -> list[list[str]]:
 
 def test_every_cited_patch_exists_and_every_site_is_accounted_for() -> None:
     rows = _rows()
-    assert [int(row[0]) for row in rows] == list(range(1, len(rows) + 1)) and len(rows) == 27
+    assert [int(row[0]) for row in rows] == list(range(1, len(rows) + 1)) and len(rows) == 28
     known = {patch.name for patch in catalog.builtin()}
     prefixes = tuple(f"{family}." for family in ("vllm", "ascend", "transformers", "liger", "tensordict"))
     prefixes += ("torch_npu.", "megatron.")
@@ -41,3 +41,4 @@ def test_every_cited_patch_exists_and_every_site_is_accounted_for() -> None:
     assert sum(row[4].startswith("not ported: ") for row in rows) == NOT_PORTED
     assert {"tensordict.npu_sync", "torch_npu.nested_tensor_intercept", "megatron.mtp_postprocess"} <= cited
     assert {"transformers.qwen3_vl.deepstack_clone", "transformers.qwen3_vl_moe.deepstack_clone"} <= cited
+    assert "ascend.dispatcher_expert_ids_sleep" in cited  # row 28: verl PR #7086
