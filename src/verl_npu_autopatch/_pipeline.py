@@ -57,10 +57,12 @@ def first_failure(
     return ""
 
 
-def plan(patch: Patch | Declared, config: Config) -> Plan:
+def plan(patch: Patch | Declared, config: Config, found: dict[str, bool] | None = None) -> Plan:
     """Decide ``disabled`` / ``gated`` / ``pending`` for ``patch`` from configuration and
-    installed metadata only."""
+    installed metadata only; ``found`` keeps which packages are findable across the patches of one
+    activation (each look-up asks every finder)."""
     versions: dict[str, str | None] = {}
+    found = {} if found is None else found
     disabled, enabled = config.named((patch.name, *patch.groups))
     if disabled:
         return Plan("disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE", versions, ())
@@ -75,7 +77,9 @@ def plan(patch: Patch | Declared, config: Config) -> Plan:
     variants, failures = [], {}
     for target in patch.hooks:
         package = target.module.partition(".")[0]
-        failure = "" if _environment.findable(package) else f"package {package} is not installed"
+        if package not in found:
+            found[package] = _environment.findable(package)
+        failure = "" if found[package] else f"package {package} is not installed"
         failure = failure or first_failure(target.requires, versions)
         if failure:
             failures[str(target)] = failure

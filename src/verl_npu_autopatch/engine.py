@@ -242,7 +242,8 @@ class Engine:
             logger.warning("%s", text)
         tops = {t.module.partition(".")[0] for p in unique.values() for t in p.hooks}
         self._observer.guard(self._activator, tops)  # from now on guard only the target packages
-        plans = {name: _pipeline.plan(patch, config) for name, patch in unique.items()}
+        findable: dict[str, bool] = {}
+        plans = {name: _pipeline.plan(patch, config, findable) for name, patch in unique.items()}
         with slots.lock:
             self.status, self.reason = "active", f"activated by {self.trigger}"
             for name, plan in plans.items():
