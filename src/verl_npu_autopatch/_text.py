@@ -5,6 +5,10 @@ run to megabytes.
 Standard library only, imports nothing at run time: the engine uses it inside its guards.
 """
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # without importing typing at run time
+    from collections.abc import Callable
+
 __all__ = ["REASON_CHARS", "cut", "describe", "printable", "safe_repr", "safe_str"]
 
 #: Longest reason a record, a report file or ``--json`` keeps (screens cut shorter).
@@ -30,25 +34,21 @@ def cut(text: str, limit: int = REASON_CHARS) -> str:
 def safe_str(value: object, limit: int = REASON_CHARS) -> str:
     """``str(value)`` cut to ``limit``, or a stand-in naming its type where ``str`` raises (or
     returns something else than a string). Never raises."""
-    try:
-        text = str(value)
-        if type(text) is not str:  # a str subclass could misbehave later: keep a plain copy
-            text = str.__str__(text)
-    except BaseException as exc:  # a broken __str__ must not break the caller's guard
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        return f"<unprintable {_type_name(value)} object>"
-    return cut(text, limit)
+    return _safely(str, value, limit)
 
 
 def safe_repr(value: object, limit: int = 200) -> str:
     """``repr(value)`` cut to ``limit``, or a stand-in naming its type where ``repr`` raises.
     Never raises."""
+    return _safely(repr, value, limit)
+
+
+def _safely(render: "Callable[[object], str]", value: object, limit: int) -> str:
     try:
-        text = repr(value)
+        text = render(value)
         if type(text) is not str:  # a str subclass could misbehave later: keep a plain copy
             text = str.__str__(text)
-    except BaseException as exc:  # a broken __repr__ must not break the caller's guard
+    except BaseException as exc:  # a broken __str__ / __repr__ must not break the caller's guard
         if isinstance(exc, KeyboardInterrupt):
             raise
         return f"<unprintable {_type_name(value)} object>"
