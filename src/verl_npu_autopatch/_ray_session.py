@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from verl_npu_autopatch._summary import StatusLine
 from verl_npu_autopatch._text import cut, describe, printable, safe_str
 
 __all__ = ["CONNECT_TIMEOUT_S", "Progress", "cluster_lines", "in_process", "resolve", "run", "wait_all"]
@@ -224,38 +225,24 @@ def connected_ray() -> Any:
 
 
 # --------------------------------------------------------------------------- the parent
-#: How long the work runs before a progress line shows: quick runs print none.
-PROGRESS_AFTER_S = 1.5
-
-
-class Progress:
+class Progress(StatusLine):
     """One line on stderr, rewritten in place, once the work took longer than ``delay`` seconds;
     only when stderr is a terminal (never in a pipe, a file or a log)."""
 
     def __init__(self, label: str, stream: IO[str] | None = None, delay: float | None = None) -> None:
-        self.stream = sys.stderr if stream is None else stream
+        super().__init__(sys.stderr if stream is None else stream, delay)
         try:
             self.enabled = self.stream.isatty()
         except Exception:  # a replaced stream without isatty: no progress line
             self.enabled = False
-        self.delay = PROGRESS_AFTER_S if delay is None else delay
-        self.label, self.start, self.shown = label, time.monotonic(), 0
+        self.label = label
 
     def show(self, text: str) -> None:
-        elapsed = time.monotonic() - self.start
-        if not self.enabled or elapsed < self.delay:
+        elapsed = self.due() if self.enabled else None
+        if elapsed is None:
             return
         width = shutil.get_terminal_size((120, 24)).columns - 1
-        line = printable(f"{self.label}: {text} ({elapsed:.0f} s)")[:width]
-        self.stream.write("\r" + line.ljust(self.shown))
-        self.stream.flush()
-        self.shown = len(line)
-
-    def clear(self) -> None:
-        if self.shown:
-            self.stream.write("\r" + " " * self.shown + "\r")
-            self.stream.flush()
-            self.shown = 0
+        self.write(printable(f"{self.label}: {text} ({elapsed:.0f} s)")[:width])
 
 
 def run(job: dict[str, Any], runtime_env: dict[str, Any] | None, connect_timeout: float, progress: Progress) -> Any:

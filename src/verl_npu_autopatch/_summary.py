@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterable
-from typing import Any
+from typing import IO, Any
 
 from verl_npu_autopatch._text import cut, printable
 from verl_npu_autopatch.records import table, wrap
@@ -218,3 +219,34 @@ def fold(line: str, columns: int) -> list[str]:
     """``line`` (escaped already) in pieces of at most ``columns`` characters, nothing dropped: a
     log or table line that wrapping at spaces would change."""
     return [line[i : i + columns] for i in range(0, len(line), columns)] or [""]
+
+
+#: How long the work runs before a progress line shows: quick runs print none.
+PROGRESS_AFTER_S = 1.5
+
+
+class StatusLine:
+    """One line on ``stream``, rewritten in place once the work has run ``delay`` seconds
+    (:data:`PROGRESS_AFTER_S` by default), erased by :meth:`clear`: the progress lines of
+    ``doctor`` and of ``--ray``."""
+
+    def __init__(self, stream: IO[str], delay: float | None = None) -> None:
+        self.stream, self.start, self.shown = stream, time.monotonic(), 0
+        self.delay = PROGRESS_AFTER_S if delay is None else delay
+
+    def due(self) -> float | None:
+        """How long the work has run, once the line is due; ``None`` before."""
+        elapsed = time.monotonic() - self.start
+        return elapsed if elapsed >= self.delay else None
+
+    def write(self, line: str) -> None:
+        """``line`` in place of the one shown (padded over what is left of it)."""
+        self.stream.write("\r" + line.ljust(self.shown))
+        self.stream.flush()
+        self.shown = len(line)
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r" + " " * self.shown + "\r")
+            self.stream.flush()
+            self.shown = 0

@@ -230,35 +230,21 @@ def add_warnings(data: dict[str, Any]) -> None:
         data["warnings"] = [*data["warnings"], *variable_warnings()]
 
 
-class Progress:
-    """``doctor``'s progress on a terminal's stderr: once the child has run :data:`DELAY_S`, one
-    line rewritten in place (the targets imported so far out of all, the step running), erased
-    by :meth:`close`."""
-
-    DELAY_S = 1.5
-
-    def __init__(self, stream: Any) -> None:
-        self.stream, self.start, self.shown = stream, time.monotonic(), 0
+class Progress(_summary.StatusLine):
+    """``doctor``'s progress on a terminal's stderr: once the child has run
+    :data:`~._summary.PROGRESS_AFTER_S`, one line rewritten in place (the targets imported so far
+    out of all, the step running), erased by :meth:`~._summary.StatusLine.clear`."""
 
     def __call__(self, output: str) -> None:
-        elapsed = time.monotonic() - self.start
-        if elapsed < self.DELAY_S:
+        elapsed = self.due()
+        if elapsed is None:
             return
         steps = [line.split(STEP_MARK, 1)[1] for line in output.splitlines() if STEP_MARK in line]
         counts = [line.split(COUNT_MARK, 1)[1] for line in output.splitlines() if COUNT_MARK in line]
         running = steps[-1] if steps else "interpreter start-up"
         imported = sum(s.startswith("import ") for s in steps) - running.startswith("import ")
         done = f"targets imported {imported}/{counts[-1].strip()}, " if counts else ""
-        line = _summary.one_line(f"doctor: {done}{elapsed:.0f} s; now: {running}", _summary.width() - 1)
-        self.stream.write("\r" + line.ljust(self.shown))
-        self.stream.flush()
-        self.shown = len(line)
-
-    def close(self) -> None:
-        if self.shown:
-            self.stream.write("\r" + " " * self.shown + "\r")
-            self.stream.flush()
-            self.shown = 0
+        self.write(_summary.one_line(f"doctor: {done}{elapsed:.0f} s; now: {running}", _summary.width() - 1))
 
 
 def progress_for(stream: Any) -> Progress | None:
@@ -281,7 +267,7 @@ def main(args: Any, environment: Callable[[], dict[str, Any]]) -> int:
         data = run_doctor(args.device, timeout, verify=args.verify, progress=progress)
     finally:
         if progress is not None:
-            progress.close()
+            progress.clear()
     add_warnings(data)
     data["environment"] = environment()
     print(json.dumps(data, indent=2)) if args.json else print_doctor(data, full=args.all)

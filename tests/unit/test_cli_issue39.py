@@ -218,7 +218,7 @@ def test_progress_shows_targets_imported_after_a_delay_and_erases_itself(monkeyp
     progress.start -= 5
     progress(output)
     assert stream.getvalue() == "\rdoctor: targets imported 1/3, 5 s; now: import c.d"
-    progress.close()
+    progress.clear()
     assert stream.getvalue().endswith("\r" + " " * 50 + "\r")
     assert doctor.progress_for(io.StringIO()) is None  # not a terminal: no progress line
 
