@@ -18,7 +18,8 @@ REASON_CHARS = 2000
 #: (bidirectional overrides and isolates, zero-width marks): escaped by :func:`printable`, as are
 #: lone surrogates (a non-UTF-8 file name or argument), which no terminal encoding can print.
 _HIDDEN = (0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060, 0xFEFF, *range(0x202A, 0x202F))
-_HIDDEN += (*range(0x2066, 0x206A), *range(0xD800, 0xE000))
+_HIDDEN += tuple(range(0x2066, 0x206A))
+_SURROGATES = range(0xD800, 0xE000)
 #: :func:`printable`'s table, made at its first use (the engine imports this module on its active
 #: path, where nothing is escaped).
 _escapes: dict[int, str] = {}
@@ -78,7 +79,7 @@ def printable(text: str) -> str:
         return text
     if not _escapes:
         table = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
-        table.update({c: f"\\u{c:04x}" for c in _HIDDEN})
+        table.update({c: f"\\u{c:04x}" for c in (*_HIDDEN, *_SURROGATES)})
         table.update({ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"})
         _escapes.update(table)
     return text.translate(_escapes)
