@@ -5,11 +5,13 @@ docs/exit-codes.md and docs/configuration.md say the same at length; a test keep
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from typing import Any
 
 from verl_npu_autopatch import _summary
 from verl_npu_autopatch._config import LEGACY_GLM52, PREFIX
+from verl_npu_autopatch._text import cut, printable
 from verl_npu_autopatch.records import wrap
 
 #: One short line per configuration variable (``_config.VARIABLES`` has the accepted values).
@@ -133,4 +135,15 @@ def seconds(text: str) -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """``--runtime-env``'s value: a JSON object (a Ray ``runtime_env``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if type(value) is not dict:
+        raise argparse.ArgumentTypeError(f"must be a JSON object (a runtime_env), not {printable(cut(text, 100))}")
     return value

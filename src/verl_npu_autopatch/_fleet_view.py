@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from verl_npu_autopatch._cli_help import seconds
+from verl_npu_autopatch._cli_help import json_object, seconds
 from verl_npu_autopatch._config import read_config
 from verl_npu_autopatch._ray_session import CONNECT_TIMEOUT_S
 from verl_npu_autopatch._summary import width
@@ -165,17 +165,6 @@ def _hours(text: str) -> float:
     return hours
 
 
-def _json_object(text: str) -> dict[str, Any]:
-    """``--runtime-env``: a JSON object."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
-    if type(value) is not dict:
-        raise argparse.ArgumentTypeError(f"must be a JSON object (a runtime_env), not {printable(cut(text, 100))}")
-    return value
-
-
 #: What ``--ray``'s optional value must look like to be taken for an ADDRESS (else it is a DIR).
 _ADDRESS = re.compile(r"auto|ray://\S+|\[[0-9A-Fa-f:.]+\]:\d{1,5}|[\w.-]+:\d{1,5}")
 
@@ -263,7 +252,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--runtime-env",
-        type=_json_object,
+        type=json_object,
         metavar="JSON",
         help="with --ray: the runtime_env the readers run in, e.g. the package's wheel for nodes without it",
     )

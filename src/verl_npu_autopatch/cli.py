@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_npu_autopatch import _bugreport, _cli_help, _environment, _fleet_view, _summary, catalog, doctor
-from verl_npu_autopatch._cli_help import seconds
+from verl_npu_autopatch._cli_help import json_object, seconds
 from verl_npu_autopatch._config import VARIABLES, read_config, variable_warnings
 from verl_npu_autopatch._startup import OBSERVER
 from verl_npu_autopatch._version import __version__
@@ -308,7 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="probe every node of a Ray cluster: ADDRESS is host:port or ray://host:port (default auto: "
         "RAY_ADDRESS, else the latest `ray start` here, else the one running here)",
     )
-    check.add_argument("--runtime-env", metavar="JSON", help="with --ray: the runtime_env the node probes run in")
+    check.add_argument(
+        "--runtime-env", type=json_object, metavar="JSON", help="with --ray: the runtime_env the node probes run in"
+    )
     check.add_argument(
         "--timeout",
         type=seconds,

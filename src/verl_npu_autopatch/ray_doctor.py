@@ -346,16 +346,7 @@ def main(args: Any, status: str) -> int:
     if args.ray is None:
         print("doctor: --runtime-env needs --ray", file=sys.stderr)
         return UNUSABLE
-    runtime_env: dict[str, Any] | None = None
-    if args.runtime_env:
-        try:
-            runtime_env = json.loads(args.runtime_env)
-        except json.JSONDecodeError as exc:
-            print(f"doctor: --runtime-env is not valid JSON: {exc}", file=sys.stderr)
-            return UNUSABLE
-        if not isinstance(runtime_env, dict):
-            print("doctor: --runtime-env must be a JSON object", file=sys.stderr)
-            return UNUSABLE
+    runtime_env: dict[str, Any] | None = args.runtime_env  # a JSON object (``_cli_help.json_object``)
     if args.device:
         runtime_env = dict(runtime_env or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), "VERL_NPU_AUTOPATCH_DEVICE": args.device}

@@ -297,3 +297,11 @@ def test_conflicting_list_flags_are_refused(capsys: Any) -> None:
     with pytest.raises(SystemExit) as done:
         cli.main(["list", "--json", "--markdown"])
     assert done.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_doctor_runtime_env_must_be_a_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    for value, said in (("[1]", "must be a JSON object"), ("{", "not valid JSON")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.build_parser().parse_args(["doctor", "--ray", "--runtime-env", value])
+        assert exit_.value.code == 2 and f"argument --runtime-env: {said}" in capsys.readouterr().err
+    assert cli.build_parser().parse_args(["doctor", "--ray", "--runtime-env", '{"pip": []}']).runtime_env == {"pip": []}
