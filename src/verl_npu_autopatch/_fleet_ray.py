@@ -73,27 +73,13 @@ def read_nodes(
     """One reader pinned to each alive node, in ``runtime_env`` (None: the driver's); their
     answers merged. ``progress(done, total)`` after each answer; a node that has not answered
     within ``timeout`` seconds is cancelled and listed as unreadable."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     found: dict[str, list[Any]] = {"processes": [], "stale": [], "unreadable": [], "without_package": []}
     seen: set[tuple[Any, ...]] = set()
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    remote = ray.remote(num_cpus=0, max_calls=1, max_retries=0)(_make_reader(directories, stale_after))
-    options = {"runtime_env": runtime_env} if runtime_env else {}
-    refs = [
-        remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False), **options).remote()
-        for n in nodes
-    ]
-    ready = _ray_session.wait_all(ray, refs, timeout, progress)
-    for node, ref in zip(nodes, refs, strict=True):
+    reader = _make_reader(directories, stale_after)
+    for node, answer, error in _ray_session.on_every_node(ray, reader, runtime_env, timeout, progress):
         where = f"node {node['NodeID'][:8]} ({node.get('NodeManagerAddress', '?')})"
-        try:
-            if ref not in ready:
-                ray.cancel(ref, force=True)
-                raise TimeoutError(f"no answer within {timeout:g} s (--timeout)")
-            answer = ray.get(ref)
-        except Exception as exc:  # a node that cannot answer is named, the others still count
-            answer = {"error": describe(exc)}
+        if error is not None:  # a node that cannot answer is named, the others still count
+            answer = {"error": describe(error)}
         if type(answer) is dict and answer.get("missing") is True:
             found["without_package"].append(where)
         for key, items in _checked(answer, where).items():

@@ -41,7 +41,17 @@ from typing import IO, Any
 from verl_npu_autopatch._summary import StatusLine
 from verl_npu_autopatch._text import cut, describe, printable, safe_str
 
-__all__ = ["CONNECT_TIMEOUT_S", "Progress", "cluster_lines", "in_process", "resolve", "run", "wait_all"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "NoAnswer",
+    "Progress",
+    "cluster_lines",
+    "in_process",
+    "on_every_node",
+    "resolve",
+    "run",
+    "wait_all",
+]
 
 #: How long reaching the cluster may take when ``--timeout`` is not given (a wrong port that
 #: accepts connections, e.g. the dashboard's, is retried by Ray for minutes).
@@ -201,6 +211,44 @@ def in_process(
         progress(done, total)
 
     return {"cluster": cluster, "result": _work(ray, job, runtime_env, counted)}
+
+
+class NoAnswer(TimeoutError):
+    """A node whose task did not answer within the timeout (it was cancelled)."""
+
+
+def on_every_node(
+    ray: Any,
+    work: Callable[[], Any],
+    runtime_env: dict[str, Any] | None,
+    timeout: float,
+    progress: Callable[[int, int], None],
+) -> list[tuple[dict[str, Any], Any, BaseException | None]]:
+    """``work`` once on each alive node (head first): a task pinned there (``num_cpus=0``), in
+    ``runtime_env`` (None: the driver's). ``(node, answer, error)`` per node; a node that has not
+    answered within ``timeout`` seconds is cancelled, its error a :class:`NoAnswer`."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes.sort(key=lambda n: ("node:__internal_head__" not in n.get("Resources", {}), n["NodeID"]))
+    remote = ray.remote(num_cpus=0, max_calls=1, max_retries=0)(work)
+    options = {"runtime_env": runtime_env} if runtime_env else {}
+    refs = [
+        remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False), **options).remote()
+        for n in nodes
+    ]
+    ready = wait_all(ray, refs, timeout, progress)
+    answers: list[tuple[dict[str, Any], Any, BaseException | None]] = []
+    for node, ref in zip(nodes, refs, strict=True):
+        if ref not in ready:
+            ray.cancel(ref, force=True)
+            answers.append((node, None, NoAnswer(f"no answer within {timeout:g} s (--timeout)")))
+            continue
+        try:
+            answers.append((node, ray.get(ref), None))
+        except Exception as exc:  # e.g. RuntimeEnvSetupError: the runtime_env failed on that node
+            answers.append((node, None, exc))
+    return answers
 
 
 def wait_all(ray: Any, refs: list[Any], timeout: float, progress: Callable[[int, int], None]) -> set[Any]:

@@ -219,27 +219,14 @@ def probe_nodes(
     """One probe pinned to each alive node (head first), each task in ``runtime_env`` (None: the
     driver's); a summary per node. ``progress(done, total)`` after each answer; a node that has not
     answered within ``timeout`` seconds is cancelled and named."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    nodes.sort(key=lambda n: ("node:__internal_head__" not in n.get("Resources", {}), n["NodeID"]))
-    remote = ray.remote(num_cpus=0, max_calls=1, max_retries=0)(_make_probe(status))
-    options = {"runtime_env": runtime_env} if runtime_env else {}
-    refs = []
-    for node in nodes:
-        pinned = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-        refs.append(remote.options(scheduling_strategy=pinned, **options).remote())
-    ready = _ray_session.wait_all(ray, refs, timeout, progress)
     entries = []
-    for node, ref in zip(nodes, refs, strict=True):
-        if ref not in ready:
-            ray.cancel(ref, force=True)
-            entries.append({**summarize(node, None, f"no answer within {timeout:g} s (--timeout)"), "timed_out": True})
-            continue
-        try:
-            entries.append(summarize(node, ray.get(ref)))
-        except Exception as exc:  # e.g. RuntimeEnvSetupError: the runtime_env failed on that node
-            entries.append(summarize(node, None, describe(exc, RUNTIME_ENV_CHARS).strip()))
+    for node, found, error in _ray_session.on_every_node(ray, _make_probe(status), runtime_env, timeout, progress):
+        if isinstance(error, _ray_session.NoAnswer):
+            entries.append({**summarize(node, None, str(error)), "timed_out": True})
+        elif error is not None:
+            entries.append(summarize(node, None, describe(error, RUNTIME_ENV_CHARS).strip()))
+        else:
+            entries.append(summarize(node, found))
     return entries
 
 
