@@ -1,4 +1,4 @@
-"""The engine's import path: ``import verl_npu_autopatch.engine`` in a fresh ``python -S``
+"""The engine's import path: ``import verl_npu_autopatch.engine.lifecycle`` in a fresh ``python -S``
 process (what ``activate()`` and the first watched import on an NPU host load before wrapt and
 the catalog), for two source trees, paired in interleaved rounds.
 
@@ -20,9 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _bench import clean_env, interleave, report, run, summary
 
-TIMED = "import time; t = time.perf_counter(); import verl_npu_autopatch.engine; print(time.perf_counter() - t)"
+TIMED = (
+    "import time; t = time.perf_counter(); import verl_npu_autopatch.engine.lifecycle; print(time.perf_counter() - t)"
+)
 CATALOG_CODE = (
-    "import time; import verl_npu_autopatch.engine; from verl_npu_autopatch import catalog; "
+    "import time; import verl_npu_autopatch.engine.lifecycle; from verl_npu_autopatch import catalog; "
     "t = time.perf_counter(); catalog.builtin(); print(time.perf_counter() - t)"
 )
 
@@ -48,7 +50,7 @@ def main() -> None:
         measure(), measure()
     samples = interleave(variants, args.rounds)
     table = summary(samples, next(iter(trees)), "ms", 1e3)
-    title = "catalog.builtin()" if args.catalog else "import verl_npu_autopatch.engine"
+    title = "catalog.builtin()" if args.catalog else "import verl_npu_autopatch.engine.lifecycle"
     report(f"{title} (python -S)", {"import": table}, {"rounds": args.rounds}, args.json)
 
 

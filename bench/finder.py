@@ -57,7 +57,7 @@ def hooks() -> tuple[list[object], object]:
     if not found:
         raise SystemExit("no placeholder on sys.meta_path: run this with the python of a venv that has the package")
     sys.meta_path[:] = [f for f in sys.meta_path if f not in found]
-    from verl_npu_autopatch._startup import OBSERVER
+    from verl_npu_autopatch.bootstrap.startup import OBSERVER
 
     return found, OBSERVER
 

@@ -34,28 +34,28 @@ import json, os, sys, time
 writer = [0.0, 0.0, 0]  # importing the writer (s), inside its refreshes (s), refreshes
 if os.environ.get("VERL_NPU_AUTOPATCH_REPORT_DIR"):
     t = time.perf_counter()
-    from verl_npu_autopatch import _report_file  # what activation imports first (json with it)
+    from verl_npu_autopatch.engine import report_file  # what activation imports first (json with it)
     writer[0] = time.perf_counter() - t
-    changed = _report_file.ReportFile.changed
+    changed = report_file.ReportFile.changed
     def timed(self):
         t = time.perf_counter()
         changed(self)
         writer[1] += time.perf_counter() - t
         writer[2] += 1
-    _report_file.ReportFile.changed = timed
+    report_file.ReportFile.changed = timed
 t = time.perf_counter()
 import verl_npu_autopatch
 verl_npu_autopatch.activate()
 import vllm.model, autopatch_target
 dt = time.perf_counter() - t + writer[0]  # the writer's import, taken out of the window above, put back
-loaded = "verl_npu_autopatch._report_file" in sys.modules
+loaded = "verl_npu_autopatch.engine.report_file" in sys.modules
 print(json.dumps([dt, verl_npu_autopatch.report().status, loaded, "json" in sys.modules, *writer]))
 """
 
 REWRITE = """
 import json, os, statistics, time, verl_npu_autopatch
-from verl_npu_autopatch import engine
-from verl_npu_autopatch._report_file import ReportFile
+from verl_npu_autopatch.engine import lifecycle as engine
+from verl_npu_autopatch.engine.report_file import ReportFile
 verl_npu_autopatch.activate()
 import vllm.model
 writer = ReportFile(engine.engine(), os.environ["BENCH_DIR"])

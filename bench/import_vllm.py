@@ -34,7 +34,7 @@ from _bench import clean_env, interleave, median, report, spawn_timed, summary
 #: and the transformers model modules a vLLM process imports when it loads those models.
 TARGETS = """
 import importlib.util, json, vllm
-from verl_npu_autopatch.engine import engine
+from verl_npu_autopatch.engine.lifecycle import engine
 print(json.dumps([m for m in engine().pending_modules() if importlib.util.find_spec(m) is not None]))
 """
 
@@ -47,8 +47,8 @@ for module in {modules!r}:
     importlib.import_module(module)
 t2 = time.perf_counter()
 states = {{}}
-if "verl_npu_autopatch.engine" in sys.modules:
-    states = sys.modules["verl_npu_autopatch.engine"].report().states()
+if "verl_npu_autopatch.engine.lifecycle" in sys.modules:
+    states = sys.modules["verl_npu_autopatch.engine.lifecycle"].report().states()
 print(json.dumps([t1 - t, t2 - t, states]))
 """
 

@@ -45,8 +45,8 @@ t = time.perf_counter()
 import torch
 dt = time.perf_counter() - t
 state = "-"
-if "verl_npu_autopatch.engine" in sys.modules:
-    report = sys.modules["verl_npu_autopatch.engine"].report()
+if "verl_npu_autopatch.engine.lifecycle" in sys.modules:
+    report = sys.modules["verl_npu_autopatch.engine.lifecycle"].report()
     state = report.status + ", " + ", ".join(
         f"{r.name}: {r.state}" for r in report.records if r.name == "torch_npu.nested_tensor_intercept"
     )

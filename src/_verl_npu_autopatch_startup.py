@@ -1,1 +1,1 @@
-verl_npu_autopatch/_startup.py
+verl_npu_autopatch/bootstrap/startup.py

@@ -87,7 +87,7 @@ def liger_cell(family: str, module: Any) -> Cell:
 
 
 def _liger_tree(artifact: Artifact, cache: Path) -> Any:
-    from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+    from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 
     return UpstreamTree((extract(artifact, (LIGER_FILE,), cache),), {"liger-kernel": artifact.version})
 

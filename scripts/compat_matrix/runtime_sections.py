@@ -73,7 +73,7 @@ def _runtime_section(project: str, prefer: tuple[str, ...]) -> Section:
         return next(rule for rule in patch.static.rules() if reading(rule))
 
     def tree(artifact: Artifact, cache: Path) -> Any:
-        from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+        from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 
         return UpstreamTree((extract(artifact, runtime_files(project), cache),), {project: artifact.version})
 

@@ -26,7 +26,7 @@ def read_files(top: str) -> tuple[str, ...]:
     """Every upstream file under package ``top`` a built-in patch's static rules declare they read
     (``StaticRule.reads``, its ``also`` rules' included), plus the :data:`TEST_FILES` there, in
     catalog order."""
-    from verl_npu_autopatch import catalog
+    from verl_npu_autopatch.engine import catalog
 
     declared = [f for p in catalog.builtin() if p.static for rule in p.static.rules() for f in rule.reads]
     return tuple(dict.fromkeys(f for f in (*declared, *TEST_FILES) if f.split("/")[0] == top))
@@ -39,7 +39,7 @@ Rows = list[tuple[str, str, dict[str, Cell]]]  # [(row name, groups, {column lab
 def static_patches(prefixes: tuple[str, ...] = ("",)) -> list[Any]:
     """Built-in patches with a static rule (``Patch.static``) whose family module's name starts
     with ``prefixes``, in catalog order."""
-    from verl_npu_autopatch import catalog
+    from verl_npu_autopatch.engine import catalog
 
     families = [m for m in catalog.families() if m.__name__.rpartition(".")[2].startswith(prefixes)]
     return [p for m in families for p in m.PATCHES if p.static is not None]
@@ -48,7 +48,7 @@ def static_patches(prefixes: tuple[str, ...] = ("",)) -> list[Any]:
 def gate(patch: Any, versions: dict[str, str]) -> str | None:
     """Why ``patch`` is gated for a release with these distribution versions, or ``None``: the
     engine's own gate rule (``_pipeline.first_failure``), fed the release's versions."""
-    from verl_npu_autopatch._pipeline import first_failure
+    from verl_npu_autopatch.engine.decision import first_failure
 
     def version_of(name: str) -> str | None:
         return versions.get(name.lower().replace("_", "-"))

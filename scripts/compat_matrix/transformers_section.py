@@ -111,7 +111,7 @@ def transformers_cell(patch: Any, module: types.ModuleType | None, versions: dic
     applies wins (the engine's variant fallback), else the first found decides."""
     import inspect
 
-    from verl_npu_autopatch.spec import Site
+    from verl_npu_autopatch.authoring.spec import Site
 
     if module is None:
         return "absent", f"no {patch.targets[0].module} in this release"

@@ -64,7 +64,7 @@ def fetch_release(release: Release, cache: Path = CACHE) -> tuple[Path, Path]:
 
 # ----------------------------------------------------------------------------- section: vllm-ascend
 def _ascend_tree(artifact: Artifact, cache: Path) -> Any:
-    from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+    from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 
     paired = _sdist("vllm", paired_vllm(artifact.version))
     roots = (extract(artifact, read_files("vllm_ascend"), cache), extract(paired, read_files("vllm"), cache))
@@ -102,7 +102,7 @@ VLLM_VERSIONS = ("0.13.0", "0.14.1", "0.18.0", "0.23.0", "0.24.0", "0.29.0", "0.
 
 
 def _vllm_tree(artifact: Artifact, cache: Path) -> Any:
-    from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+    from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 
     return UpstreamTree((extract(artifact, read_files("vllm"), cache),), {"vllm": artifact.version})
 

@@ -2,7 +2,7 @@
 
 The public face, and nothing else: the names below resolve lazily, so importing the package
 imports no other module. The start-up hook is the top-level module ``_verl_npu_autopatch_startup``
-(see docs/internals.md, "How it works"); ``verl_npu_autopatch.patching`` holds the helpers patch
+(see docs/internals.md, "How it works"); ``verl_npu_autopatch.authoring.patching`` holds the helpers patch
 authors use.
 """
 
@@ -27,30 +27,30 @@ __all__ = [
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # what a type checker sees; at run time the names resolve lazily (``__getattr__``)
-    from verl_npu_autopatch import patching
     from verl_npu_autopatch._version import __version__ as __version__
-    from verl_npu_autopatch.engine import PatchError, activate, report, revert
-    from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+    from verl_npu_autopatch.authoring import patching
+    from verl_npu_autopatch.authoring.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+    from verl_npu_autopatch.engine.lifecycle import PatchError, activate, report, revert
 
 _LAZY = {
     "__version__": "verl_npu_autopatch._version",
-    "activate": "verl_npu_autopatch.engine",
-    "report": "verl_npu_autopatch.engine",
-    "revert": "verl_npu_autopatch.engine",
-    "PatchError": "verl_npu_autopatch.engine",
-    "APPLY": "verl_npu_autopatch.spec",
-    "Patch": "verl_npu_autopatch.spec",
-    "Site": "verl_npu_autopatch.spec",
-    "Target": "verl_npu_autopatch.spec",
-    "Undo": "verl_npu_autopatch.spec",
-    "Verdict": "verl_npu_autopatch.spec",
-    "fixed_upstream": "verl_npu_autopatch.spec",
-    "unsupported": "verl_npu_autopatch.spec",
+    "activate": "verl_npu_autopatch.engine.lifecycle",
+    "report": "verl_npu_autopatch.engine.lifecycle",
+    "revert": "verl_npu_autopatch.engine.lifecycle",
+    "PatchError": "verl_npu_autopatch.engine.lifecycle",
+    "APPLY": "verl_npu_autopatch.authoring.spec",
+    "Patch": "verl_npu_autopatch.authoring.spec",
+    "Site": "verl_npu_autopatch.authoring.spec",
+    "Target": "verl_npu_autopatch.authoring.spec",
+    "Undo": "verl_npu_autopatch.authoring.spec",
+    "Verdict": "verl_npu_autopatch.authoring.spec",
+    "fixed_upstream": "verl_npu_autopatch.authoring.spec",
+    "unsupported": "verl_npu_autopatch.authoring.spec",
 }
 
 
 def __getattr__(name: str) -> object:
-    module = "verl_npu_autopatch.patching" if name == "patching" else _LAZY.get(name)
+    module = "verl_npu_autopatch.authoring.patching" if name == "patching" else _LAZY.get(name)
     if module is None:  # also every submodule not imported yet: the import system asks first
         raise AttributeError(f"module 'verl_npu_autopatch' has no attribute {name!r}")
     from importlib import import_module

@@ -2,6 +2,6 @@
 
 import sys
 
-from verl_npu_autopatch.cli import main
+from verl_npu_autopatch.cli.main import main
 
 sys.exit(main())

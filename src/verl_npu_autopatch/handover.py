@@ -1,36 +1,21 @@
-"""The hand-over interface a fix receives as ``site.engine``: what a patch family that arbitrates
-with other patches (Liger-Kernel's, verl's) may ask of the engine applying it, and nothing else.
+"""Moved: ``verl_npu_autopatch.authoring.handover`` (or ``verl_npu_autopatch.authoring``, the whole kit).
 
-The engine implements it; tests and plugin authors may pass any object with these methods.
+This path keeps working, with a ``DeprecationWarning``, for the 0.2 releases; it goes in 0.3.
 """
 
-from __future__ import annotations
+import warnings
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from verl_npu_autopatch.authoring import handover as _moved
+from verl_npu_autopatch.authoring.handover import *  # noqa: F403
 
-from verl_npu_autopatch.records import Record
+__all__ = list(_moved.__all__)
+warnings.warn(
+    "verl_npu_autopatch.handover moved to verl_npu_autopatch.authoring.handover"
+    " (or import its names from verl_npu_autopatch.authoring)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
-__all__ = ["HandOver"]
 
-
-class HandOver(Protocol):
-    """Hand-over between one process's patches."""
-
-    def record(self, name: str) -> Record | None:
-        """A copy of patch ``name``'s record as it stands, or ``None`` for an unknown name."""
-        ...
-
-    def note(self, name: str, text: str) -> None:
-        """Add ``text`` to the reason of patch ``name`` while it is applied."""
-        ...
-
-    def yield_to(self, name: str, owner: str) -> bool:
-        """Hand patch ``name``'s target to ``owner``: undo it if applied, record ``yielded``.
-        Returns whether it was applied before."""
-        ...
-
-    def reapply(self, name: str, when: Callable[[Any], bool]) -> bool:
-        """Decide and apply patch ``name`` afresh when ``when(live value)`` holds for what another
-        owner put over our installed value. Returns whether ``name`` is applied now."""
-        ...
+def __getattr__(name: str) -> object:
+    return getattr(_moved, name)

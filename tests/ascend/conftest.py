@@ -14,7 +14,7 @@ tiers.require(__file__)  # before importing what this environment may lack
 
 from tests.ascend import doubles  # noqa: E402
 from tests.support import upstream  # noqa: E402
-from verl_npu_autopatch import engine as process_engine  # noqa: E402
+from verl_npu_autopatch.engine import lifecycle as process_engine  # noqa: E402
 
 # The process-wide engine (installed by the .pth) must decide "inactive" now, before any test
 # double named torch_npu appears in sys.modules; tests use their own Engine instances.

@@ -21,7 +21,7 @@ import pytest
 
 from tests.ascend import doubles
 from tests.support import upstream
-from verl_npu_autopatch import _environment
+from verl_npu_autopatch.engine import environment
 from verl_npu_autopatch.patches import ascend_routed_experts_capture
 
 STATE = "ascend.routed_experts_capture"
@@ -48,7 +48,7 @@ def stand_in(root: Path, version: str, tmp_path: Path, monkeypatch: pytest.Monke
     )
     capture_before = capturer.__dict__["capture"]
     sys.path.insert(0, str(tmp_path / "site"))
-    monkeypatch.setattr(_environment, "_versions", {})
+    monkeypatch.setattr(environment, "_versions", {})
     try:
         with doubles.modules({ascend_routed_experts_capture.WORKER: worker, context.__name__: context}):
             yield

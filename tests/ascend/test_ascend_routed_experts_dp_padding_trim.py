@@ -23,11 +23,11 @@ from tests.ascend import doubles
 from tests.ascend.test_ascend_routed_experts_capture import stand_in
 from tests.support import upstream
 from tests.support.contract import QuietHandOver
+from verl_npu_autopatch.authoring.fingerprints import imports_module_unconditionally
+from verl_npu_autopatch.authoring.spec import Site
+from verl_npu_autopatch.engine.records import Record
 from verl_npu_autopatch.patches import ascend_routed_experts_capture, ascend_routed_experts_dp_padding_trim
 from verl_npu_autopatch.patches._capture_trim import CAPTURE, CAPTURER, RECIPE_MARK, TRIGGER, TRIM
-from verl_npu_autopatch.patches._fingerprints import imports_module_unconditionally
-from verl_npu_autopatch.records import Record
-from verl_npu_autopatch.spec import Site
 
 CAPTURE_STATE = "ascend.routed_experts_capture"
 FORWARD = types.SimpleNamespace(dp_metadata=None)

@@ -24,6 +24,8 @@ from tests.ascend.test_ascend_mooncake_truncate_rehash import RELEASES as TRUNCA
 from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
 from tests.support import contract, upstream
+from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
+from verl_npu_autopatch.authoring.spec import Patch
 from verl_npu_autopatch.patches import (
     ascend_310p_sampler_record_stream,
     ascend_dsv4_rope_plain_swa,
@@ -34,8 +36,6 @@ from verl_npu_autopatch.patches import (
     ascend_mooncake_truncate_rehash,
     ascend_sampler_record_stream,
 )
-from verl_npu_autopatch.patches._fingerprints import UpstreamTree
-from verl_npu_autopatch.spec import Patch
 
 STATES = {"apply": "applied", "fixed-upstream": "fixed-upstream", "unsupported": "unsupported"}
 #: The releases whose files hold each target (older ones: ``unsupported`` in the table, no file to load).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support import upstream
-from verl_npu_autopatch import catalog
+from verl_npu_autopatch.engine import catalog
 from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
     ascend_glm52,

@@ -20,7 +20,7 @@ import torch
 
 from tests.ascend import doubles
 from tests.support import upstream
-from verl_npu_autopatch.engine import PatchError
+from verl_npu_autopatch.engine.lifecycle import PatchError
 from verl_npu_autopatch.patches import ascend_glm52
 
 NAME = "vllm_ascend.attention.sfa_v1"
@@ -332,7 +332,7 @@ def test_030_release_passes_unscaled_indexer_weights(indexer030):
 def test_030_kpool_backend_scales_but_standard_backend_does_not(releases):
     """The same release's GLM-Next KPool backend scales the weights (softmax_scale * n_head**-0.5);
     the standard backend feeding DeviceOperator does not: the patch's 0.30 rule says ``apply``."""
-    from verl_npu_autopatch.patches._fingerprints import ModuleSource
+    from verl_npu_autopatch.authoring.fingerprints import ModuleSource
 
     root = releases["0.30.0rc2"][0]
     kpool = (root / "vllm_ascend/attention/indexer_kpool.py").read_text(encoding="utf-8")
@@ -439,7 +439,7 @@ PLACEHOLDER_RELEASES = ("0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1")
 def test_placeholder_indexer_module_is_not_taken_for_the_backend(releases, label):
     """0.24 - 0.27 ship an ``attention/indexer.py`` that is only a cache-layer backend; the static
     rule decides on sfa_v1's unscaled ``AscendSFAImpl.indexer_select_post_process`` there."""
-    from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+    from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 
     script = upstream.matrix_script()
     root, vllm_root = releases[label]

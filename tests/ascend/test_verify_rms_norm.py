@@ -20,7 +20,8 @@ import torch
 from tests.ascend import doubles
 from tests.support import upstream
 from tests.support.children import ROOT
-from verl_npu_autopatch import catalog, verify
+from verl_npu_autopatch.cli import verify
+from verl_npu_autopatch.engine import catalog
 
 NAME = "ascend.rms_norm_residual"
 PATCH = [p for p in catalog.builtin() if p.name == NAME]

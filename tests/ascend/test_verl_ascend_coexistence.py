@@ -28,9 +28,9 @@ from tests.ascend.test_rms_norm import EPS, HIDDEN, make_layer, reference_rms_no
 from tests.ascend.test_sfa import HEAD_DIM, N_HEAD, build_sfa, make_impl, run_indexer
 from tests.ascend.test_vllm_engine_partial_wake_up import make_engine_core
 from tests.support import upstream, verl_upstream
+from verl_npu_autopatch.authoring.patching import MARKER
 from verl_npu_autopatch.patches import ascend_camem_sleep_sync, ascend_glm52, vllm_engine_partial_wake_up
 from verl_npu_autopatch.patches._verl import GLM52_MARKER, verl_owned
-from verl_npu_autopatch.patching import MARKER
 
 GLM = {"VERL_VLLM_ASCEND_GLM52_PATCH": "1"}  # verl's switch, which our configuration honours too
 ORDERS = ["ours-first", "verl-first"]

@@ -20,9 +20,9 @@ import pytest
 
 from tests.ascend import doubles
 from tests.support import upstream
-from verl_npu_autopatch.engine import PatchError
+from verl_npu_autopatch.authoring.fingerprints import Code
+from verl_npu_autopatch.engine.lifecycle import PatchError
 from verl_npu_autopatch.patches import vllm_engine_partial_wake_up
-from verl_npu_autopatch.patches._fingerprints import Code
 
 NAME = "vllm.v1.engine.core"
 STATE = "vllm.engine_partial_wake_up"

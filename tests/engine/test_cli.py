@@ -39,7 +39,7 @@ def test_status_json_shows_files_configuration_device_and_gates(base_python: Pat
 def test_status_does_not_import_targets(base_python: Path) -> None:
     code = """
 import io, json, sys, contextlib
-from verl_npu_autopatch import cli
+from verl_npu_autopatch.cli import main as cli
 with contextlib.redirect_stdout(io.StringIO()):
     cli.main(["status"])
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "transformers", "torch"))))
@@ -50,7 +50,7 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "t
 def test_status_plans_fixture_patches_with_npu_forced(base_python: Path) -> None:
     proc = run(
         base_python,
-        "from verl_npu_autopatch.cli import main; main(['status', '--json'])",
+        "from verl_npu_autopatch.cli.main import main; main(['status', '--json'])",
         env={"VERL_NPU_AUTOPATCH_DEVICE": "npu"},
     )
     plans = {p["name"]: p for p in json.loads(proc.stdout)["patches"]}
@@ -158,7 +158,7 @@ def test_doctor_child_is_a_module_announcing_each_step(base_python: Path) -> Non
     """What ``doctor`` runs in its fresh interpreter, run directly: step marks before the import of
     each pending target, then the report after the doctor mark."""
     proc = subprocess.run(
-        [str(base_python), "-m", "verl_npu_autopatch._doctor_child"],
+        [str(base_python), "-m", "verl_npu_autopatch.cli.doctor_child"],
         env={**clean_env(VERL_NPU_AUTOPATCH_DEVICE="npu"), "PYTHONPATH": str(ROOT / "tests" / "fixtures" / "site")},
         capture_output=True,
         text=True,

@@ -19,8 +19,8 @@ def test_docs_example_patch_applies_to_real_transformers(hf_python: Path, tmp_pa
     code = """
 import json, torch
 import npu_fixes
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.lifecycle import Engine
 engine = Engine(npu_fixes.PATCHES, Config(device="npu"))
 engine.activate("docs")
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm

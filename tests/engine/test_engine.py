@@ -122,7 +122,9 @@ def test_strict_mode_raises_naming_patch_target_and_cause(base_python: Path) -> 
     )
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("verl_npu_autopatch.engine.PatchError: patch fixture.broken on vllm.model:Layer.other")
+    assert last.startswith(
+        "verl_npu_autopatch.engine.lifecycle.PatchError: patch fixture.broken on vllm.model:Layer.other"
+    )
     assert "RuntimeError: boom from the fixture fix" in last
 
 
@@ -178,7 +180,7 @@ print(json.dumps([patched, vllm.model.Layer().forward(1), names,
 def test_revert_all_then_nothing_left_marked(base_python: Path) -> None:
     code = """
 import json, vllm, vllm.model, verl_npu_autopatch
-from verl_npu_autopatch.patching import marked_by
+from verl_npu_autopatch.authoring.patching import marked_by
 verl_npu_autopatch.revert()
 print(json.dumps([marked_by(vllm.model.Layer.forward), marked_by(vllm.model.Layer.other), vllm.Engine().run()]))
 """

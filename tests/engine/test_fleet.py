@@ -201,7 +201,7 @@ def test_inactive_host_and_start_up_never_load_the_writer(base_python: Path, tmp
     code = """
 import json, sys, vllm.model
 import verl_npu_autopatch
-print(json.dumps([verl_npu_autopatch.report().status, "verl_npu_autopatch._report_file" in sys.modules]))
+print(json.dumps([verl_npu_autopatch.report().status, "verl_npu_autopatch.engine.report_file" in sys.modules]))
 """
     env = {"VERL_NPU_AUTOPATCH_REPORT_DIR": str(tmp_path / "inactive")}
     assert json.loads(run(base_python, code, env=env).stdout.splitlines()[-1]) == ["inactive", False]

@@ -31,14 +31,14 @@ AT_START = ["placeholder", "placeholder"]
 #: The observer: the start-up module's ``OBSERVER``.
 OBSERVER = "observer"
 #: The start-up module, in ``sys.modules`` under its root name and the package's (one object).
-STARTUP_MODULE = ["_verl_npu_autopatch_startup", "verl_npu_autopatch._startup"]
+STARTUP_MODULE = ["_verl_npu_autopatch_startup", "verl_npu_autopatch.bootstrap.startup"]
 MODULES = "import sys, json; print(json.dumps(sorted(sys.modules)))"
 #: What a first watched import loads of the package where the configuration decides.
 PACKAGE_ON_THE_INACTIVE_PATH = (
     "verl_npu_autopatch",
-    "verl_npu_autopatch._activation",
-    "verl_npu_autopatch._config",
-    "verl_npu_autopatch._environment",
+    "verl_npu_autopatch.bootstrap.activation",
+    "verl_npu_autopatch.engine.config",
+    "verl_npu_autopatch.engine.environment",
 )
 
 
@@ -53,9 +53,9 @@ def test_wheel_root_holds_both_startup_files(wheel: Path) -> None:
     assert "verl_npu_autopatch.start" in names
     start = zipfile.ZipFile(wheel).read("verl_npu_autopatch.start").decode("utf-8-sig").split()
     assert start == ["_verl_npu_autopatch_startup:install_observer"]
-    # the start-up module at the root is the package's own _startup.py
+    # the start-up module at the root is the package's own startup.py
     wheel_file = zipfile.ZipFile(wheel).read
-    assert wheel_file("_verl_npu_autopatch_startup.py") == wheel_file("verl_npu_autopatch/_startup.py")
+    assert wheel_file("_verl_npu_autopatch_startup.py") == wheel_file("verl_npu_autopatch/bootstrap/startup.py")
     assert "verl_npu_autopatch/py.typed" in names
 
 
@@ -98,10 +98,11 @@ ONE_MODULE = """
 import json, sys
 {before}
 import vllm, verl_npu_autopatch
-from verl_npu_autopatch import _startup, cli
-one = sys.modules["verl_npu_autopatch._startup"] is sys.modules["_verl_npu_autopatch_startup"]
+from verl_npu_autopatch.bootstrap import startup
+from verl_npu_autopatch.cli import main as cli
+one = sys.modules["verl_npu_autopatch.bootstrap.startup"] is sys.modules["_verl_npu_autopatch_startup"]
 r = verl_npu_autopatch.report()
-print(json.dumps([one, _startup.OBSERVER.mode, cli.status_data()["observer"], r.status, r.trigger]))
+print(json.dumps([one, startup.OBSERVER.mode, cli.status_data()["observer"], r.status, r.trigger]))
 """
 
 
@@ -243,7 +244,7 @@ def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) 
     assert (proc.stdout, proc.stderr) == ("1\n", "")
     # and so is a start-up module whose package is missing, at the first watched import
     (purelib / "_verl_npu_autopatch_startup.py").write_text(
-        (Path(__file__).parents[2] / "src" / "verl_npu_autopatch" / "_startup.py").read_text()
+        (Path(__file__).parents[2] / "src" / "verl_npu_autopatch" / "startup.py").read_text()
     )
     proc = run(env / "bin" / "python", "import vllm; print(vllm.X)", fixtures=False)
     assert (proc.stdout, proc.stderr) == ("1\n", "")

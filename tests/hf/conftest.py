@@ -22,8 +22,8 @@ import transformers  # noqa: E402,F401  (the process-wide engine activates now, 
 
 from tests.hf import npu_emulation  # noqa: E402
 from tests.hf.tiny_configs import DIMS, LINEAR, MOE, MROPE, rope_arguments  # noqa: E402
-from verl_npu_autopatch._config import Config  # noqa: E402
-from verl_npu_autopatch.engine import Engine  # noqa: E402
+from verl_npu_autopatch.engine.config import Config  # noqa: E402
+from verl_npu_autopatch.engine.lifecycle import Engine  # noqa: E402
 from verl_npu_autopatch.patches import liger_arbitration as liger  # noqa: E402
 from verl_npu_autopatch.patches import transformers_npu  # noqa: E402
 

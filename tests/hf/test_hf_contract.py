@@ -15,8 +15,8 @@ import pytest
 
 from tests.support import contract
 from tests.support.children import ROOT
-from verl_npu_autopatch import catalog
-from verl_npu_autopatch.spec import Patch
+from verl_npu_autopatch.authoring.spec import Patch
+from verl_npu_autopatch.engine import catalog
 
 LIGER = "liger.arbitration"
 LIVE = contract.live_patches(p for p in catalog.builtin() if p.name != LIGER)

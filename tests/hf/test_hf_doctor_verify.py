@@ -17,8 +17,8 @@ import pytest
 
 from tests.hf.conftest import PRESENT
 from tests.support.children import ROOT
+from verl_npu_autopatch.cli.verify import TOLERANCE, not_numeric
 from verl_npu_autopatch.patches import transformers_npu
-from verl_npu_autopatch.verify import TOLERANCE, not_numeric
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = Path(sys.executable).parent / "verl-npu-autopatch"

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.hf.conftest import PRESENT, builders, randomize
+from verl_npu_autopatch.authoring.patching import parameter_names
 from verl_npu_autopatch.patches import transformers_npu
 from verl_npu_autopatch.patches.transformers_npu import kernels as npu_kernels
-from verl_npu_autopatch.patching import parameter_names
 
 ROOT = Path(__file__).resolve().parents[2]
 MOE = [f for f in ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_vl_moe") if f in PRESENT]
@@ -169,8 +169,8 @@ import torch
 from tests.hf import npu_emulation
 from tests.hf.conftest import builders, randomize
 from tests.hf.test_hf_experts_choice import _gelu_experts, _ids
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.lifecycle import Engine
 from verl_npu_autopatch.patches import transformers_npu
 
 sys.modules["torch_npu"] = npu_emulation

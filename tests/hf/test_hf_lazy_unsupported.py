@@ -24,8 +24,8 @@ def test_only_the_imported_family_is_patched_and_the_rest_costs_nothing() -> Non
     code = textwrap.dedent(
         """
         import json, sys, time
-        from verl_npu_autopatch._config import Config
-        from verl_npu_autopatch.engine import Engine
+        from verl_npu_autopatch.engine.config import Config
+        from verl_npu_autopatch.engine.lifecycle import Engine
         from verl_npu_autopatch.patches import liger_arbitration as liger, transformers_npu
         engine = Engine([*transformers_npu.PATCHES, *liger.PATCHES], Config(device="npu"))
         start = time.perf_counter()

@@ -15,10 +15,10 @@ PRELUDE = textwrap.dedent(
     """
     import json, sys
     from tests.hf.tiny_configs import MROPE, rope_arguments
-    from verl_npu_autopatch._config import Config
-    from verl_npu_autopatch.engine import Engine
+    from verl_npu_autopatch.engine.config import Config
+    from verl_npu_autopatch.engine.lifecycle import Engine
     from verl_npu_autopatch.patches import liger_arbitration as liger, transformers_npu
-    from verl_npu_autopatch.patching import marked_by
+    from verl_npu_autopatch.authoring.patching import marked_by
 
     def make_engine():
         engine = Engine([*transformers_npu.PATCHES, *liger.PATCHES], Config(device="npu"))

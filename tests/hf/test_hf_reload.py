@@ -15,7 +15,7 @@ import importlib, json, sys
 from tests.hf import npu_emulation
 sys.modules["torch_npu"] = npu_emulation
 import verl_npu_autopatch
-from verl_npu_autopatch.patching import marked_by
+from verl_npu_autopatch.authoring.patching import marked_by
 from transformers.models.qwen3 import modeling_qwen3 as m
 before = verl_npu_autopatch.report()["transformers.qwen3.rms_norm"].state
 old = m.Qwen3RMSNorm

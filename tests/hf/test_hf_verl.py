@@ -15,8 +15,8 @@ import torch
 
 from tests.hf.conftest import PRESENT, VERL_OWNS, builders, randomize, restored
 from tests.support.children import ROOT
+from verl_npu_autopatch.authoring.patching import describe, marked_by
 from verl_npu_autopatch.patches import transformers_npu
-from verl_npu_autopatch.patching import describe, marked_by
 
 VERL = "verl.models.transformers.npu_patch"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.matrix import live_sites, matrix_script
+from verl_npu_autopatch.authoring.fingerprints import ModuleSource
 from verl_npu_autopatch.patches import transformers_deepstack, transformers_npu
-from verl_npu_autopatch.patches._fingerprints import ModuleSource
 
 STATE = {"apply": "applies"}
 

@@ -144,7 +144,7 @@ def test_verify_runs_the_doctor_child_on_every_node(runner_python: Path, cluster
 def test_a_node_whose_kernel_disagrees_is_a_problem() -> None:
     """What ``--ray --verify`` makes of a node whose verification found a mismatch (the node's
     report as ``doctor --verify --json`` gives it)."""
-    from verl_npu_autopatch import ray_doctor
+    from verl_npu_autopatch.cli import ray_doctor
 
     row = {"name": "transformers.qwen3.rms_norm", "passed": True, "error": None}
     report = {"ok": False, "error": None, "device": "npu", "results": [row, {**row, "passed": False}]}
@@ -242,9 +242,9 @@ def test_a_cluster_that_refuses_the_driver_is_one_line_saying_why(runner_python:
 def test_probe_cluster_from_a_connected_driver_uses_its_connection(cluster: Cluster) -> None:
     """Called from a process that is a Ray driver already (this test process: the head's
     ``ray.init``), the probes run from it, no child; the cluster and its nodes are named."""
-    from verl_npu_autopatch import ray_doctor
+    from verl_npu_autopatch.cli import ray_doctor
 
-    data = ray_doctor.probe_cluster(cluster.address, None, "verl_npu_autopatch.cli:status_data", 300.0)
+    data = ray_doctor.probe_cluster(cluster.address, None, "verl_npu_autopatch.cli.main:status_data", 300.0)
     assert {n["node_id"] for n in data["nodes"]} == {cluster.head_id, cluster.bare_id}
     assert data["cluster"]["address"] == cluster.address and data["cluster"]["nodes"] == 2
     assert [d["field"] for d in data["disagreements"]] == ["installed"]

@@ -27,7 +27,7 @@ THREADS = 16
 RACE = """
 import json, sys, threading, time
 import verl_npu_autopatch
-from verl_npu_autopatch._startup import OBSERVER
+from verl_npu_autopatch.bootstrap.startup import OBSERVER
 
 def activation_began():
     if any(getattr(f, "verl_npu_autopatch_placeholder", False) for f in sys.meta_path):

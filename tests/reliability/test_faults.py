@@ -94,7 +94,7 @@ def doctor(python: Path, env: dict[str, str], *extra: str) -> tuple[int, str]:
 
 def status(python: Path, env: dict[str, str]) -> dict:
     proc = child(
-        python, "import sys; from verl_npu_autopatch.cli import main; sys.exit(main(['status', '--json']))", env
+        python, "import sys; from verl_npu_autopatch.cli.main import main; sys.exit(main(['status', '--json']))", env
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -283,7 +283,7 @@ def test_double_pth_run(base_python: Path) -> None:
 import site, sys
 exec(open({purelib + "/verl_npu_autopatch.pth"!r}).read())
 site.addsitedir({purelib!r})
-from verl_npu_autopatch import _startup as startup
+from verl_npu_autopatch.bootstrap import startup
 startup.install_observer(); startup.install_observer()
 hooks = [f for f in sys.meta_path if getattr(f, "verl_npu_autopatch_observer", False)
          or getattr(f, "verl_npu_autopatch_placeholder", False)]
@@ -399,7 +399,8 @@ def test_docs_table_lists_every_case() -> None:
 def test_ray_doctor_timeout_has_its_own_exit_code(base_python: Path) -> None:
     code = """
 import json
-from verl_npu_autopatch import cli, ray_doctor
+from verl_npu_autopatch.cli import main as cli
+from verl_npu_autopatch.cli import ray_doctor
 args = cli.build_parser().parse_args(["doctor", "--ray", "--timeout", "5"])
 node = {"NodeID": "ab" * 14, "Resources": {}}
 late = {**ray_doctor.summarize(node, None, "no answer within 5 s (--timeout)"), "timed_out": True}

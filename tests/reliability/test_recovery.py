@@ -65,8 +65,8 @@ def test_fork_while_another_thread_activates(tmp_path: Path, base_python: Path) 
     code = f"""
 import importlib.util, json, os, threading, time
 import verl_npu_autopatch
-from verl_npu_autopatch import engine
-from verl_npu_autopatch._startup import OBSERVER
+from verl_npu_autopatch.engine import lifecycle as engine
+from verl_npu_autopatch.bootstrap.startup import OBSERVER
 worker = threading.Thread(target=__import__, args=("vllm.model",))
 worker.start()
 while not os.path.exists({str(gate)!r} + ".waiting"):  # activating: the plugin's load waits for the gate

@@ -55,7 +55,7 @@ with mock.patch.dict(sys.modules):
     import vllm.model
     inside = vllm.model.Layer().forward(1)
 import vllm, vllm.model, autopatch_target, verl_npu_autopatch
-from verl_npu_autopatch import engine
+from verl_npu_autopatch.engine import lifecycle as engine
 r = verl_npu_autopatch.report()
 print(json.dumps([inside, vllm.model.Layer().forward(1), vllm.Engine().run(), autopatch_target.Thing().hello(),
                   r.status, r["fixture.forward"].state, r["fixture.early"].state,

@@ -47,9 +47,9 @@ def test_names_planted_in_the_directory_are_never_followed_or_opened(
     victim.write_text("precious")
     code = """
 import _thread, json, os
-from verl_npu_autopatch import _report_file
+from verl_npu_autopatch.engine import report_file
 directory = os.environ["VERL_NPU_AUTOPATCH_REPORT_DIR"]
-name = _report_file.file_name(_report_file.identity())
+name = report_file.file_name(report_file.identity())
 for planted in (f".{name}.{_thread.get_ident()}.tmp", name):
     path = os.path.join(directory, planted)
     os.symlink(os.environ["PLANT_VICTIM"], path) if os.environ["PLANT"] == "symlink" else os.mkfifo(path)
@@ -115,7 +115,7 @@ def test_a_full_disk_leaves_the_report_incomplete_not_healthy(base_python: Path,
     reports = small_disk / "reports"
     code = """
 import json, os, verl_npu_autopatch
-from verl_npu_autopatch import _report_file
+from verl_npu_autopatch.engine import report_file
 directory = os.environ["VERL_NPU_AUTOPATCH_REPORT_DIR"]
 verl_npu_autopatch.activate()  # the first report: every patch pending
 seen = [sorted(os.listdir(directory))]
@@ -132,7 +132,7 @@ os.unlink(filler)  # space again
 import autopatch_target  # a decision: the report is whole again
 seen.append(sorted(os.listdir(directory)))
 report = verl_npu_autopatch.report()
-name = _report_file.file_name(_report_file.identity())
+name = report_file.file_name(report_file.identity())
 print(json.dumps([name, seen, report["fixture.broken"].state, report.warnings]))
 """
     out = run(base_python, code, env=_env(reports, AUTOPATCH_FIXTURE_BROKEN="1"))
@@ -174,7 +174,7 @@ def test_forked_children_write_their_own_files_at_once(base_python: Path, tmp_pa
     # forked by a preexec_fn only to run another program)
     code = """
 import json, multiprocessing, os, subprocess, sys, threading, vllm.model, verl_npu_autopatch
-from verl_npu_autopatch import engine
+from verl_npu_autopatch.engine import lifecycle as engine
 directory = os.environ["VERL_NPU_AUTOPATCH_REPORT_DIR"]
 
 def fork_child():

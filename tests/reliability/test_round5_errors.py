@@ -14,7 +14,7 @@ import pytest
 
 from tests.reliability.test_faults import NPU, STRICT, assert_silent_startup, doctor
 from tests.support.children import FIXTURE_SITE, clean_env
-from verl_npu_autopatch._text import REASON_CHARS
+from verl_npu_autopatch.engine.text import REASON_CHARS
 
 #: Imports the fixture target, reverts everything, and says what happened (also when the import raised).
 IMPORT_AND_REVERT = """

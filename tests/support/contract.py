@@ -2,7 +2,7 @@
 
 Each suite's ``test_*_contract.py`` runs :func:`check_contract` for every patch of the catalog
 whose target modules import in that suite's environment (:func:`live_patches`). The procedure,
-on the real upstream modules, through the engine's own pipeline (``_pipeline.run``):
+on the real upstream modules, through the engine's own pipeline (``decision.run``):
 
 1. decide: the check's verdict; anything but ``applied`` must leave every declared module as it was;
 2. fix: the attributes the fix changed (the declared modules and their classes and dict entries,
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from verl_npu_autopatch import _copies, _pipeline, catalog
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.ownership import THROUGH_TARGET, declared_values
-from verl_npu_autopatch.patching import marked_by
-from verl_npu_autopatch.records import Record
-from verl_npu_autopatch.spec import Patch, Target
+from verl_npu_autopatch.authoring.patching import marked_by
+from verl_npu_autopatch.authoring.spec import Patch, Target
+from verl_npu_autopatch.engine import catalog, copies, decision
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.ownership import THROUGH_TARGET, declared_values
+from verl_npu_autopatch.engine.records import Record
 
 
 class QuietHandOver:
@@ -73,7 +73,7 @@ def live_patches(patches: Iterable[Patch] | None = None) -> list[Patch]:
     variants imports, with every further declared module."""
     found = []
     for patch in catalog.builtin() if patches is None else patches:
-        plan = _pipeline.plan(patch, config_for(patch))
+        plan = decision.plan(patch, config_for(patch))
         if plan.state != "pending":
             continue
         extra = {t.module for t in (*patch.secondary, *patch.targets)}  # a computed family may be absent here
@@ -85,7 +85,7 @@ def live_patches(patches: Iterable[Patch] | None = None) -> list[Patch]:
 
 def _declared_modules(patch: Patch) -> list[ModuleType]:
     names = [t.module for t in (*patch.hooks, *patch.targets, *patch.secondary)] + [c.module for c in patch.computed]
-    names += [m.__name__ for m in _copies.holders(patch.copies)]
+    names += [m.__name__ for m in copies.holders(patch.copies)]
     return [importlib.import_module(n) for n in dict.fromkeys(names) if _imports(n)]
 
 
@@ -154,9 +154,9 @@ class Finding:
     changed: set[str] = field(default_factory=set)
 
 
-def _run(patch: Patch) -> _pipeline.Outcome:
-    plan = _pipeline.plan(patch, config_for(patch))
-    return _pipeline.run(patch, plan.variants, plan.versions, None, config_for(patch), engine=QuietHandOver())
+def _run(patch: Patch) -> decision.Outcome:
+    plan = decision.plan(patch, config_for(patch))
+    return decision.run(patch, plan.variants, plan.versions, None, config_for(patch), engine=QuietHandOver())
 
 
 def check_contract(patch: Patch) -> Finding:
@@ -172,13 +172,13 @@ def check_contract(patch: Patch) -> Finding:
         installed = snapshot(patch)
         touched = changed(before, installed)
         assert touched == declared(patch, first.target, first.undo), f"{patch.name}: changed {sorted(touched)}"
-        sources = _copies.sites(patch)  # the copy sites: each holds its source attribute's live value
+        sources = copies.sites(patch)  # the copy sites: each holds its source attribute's live value
         unmarked = sorted(p for p in touched - sources.keys() if _marked(installed.get(p)) != patch.name)
         assert not unmarked, f"{patch.name}: left unmarked values (nor a copy of a live source) at {unmarked}"
         replaced = before.get(str(first.target))
-        copies = [p for p in installed if _copies.within(p.partition(":")[0], patch.copies)]
-        stale = sorted(p for p in copies if replaced is not None and installed[p] is replaced)
-        stale += _copies.left_behind(patch)
+        copy_paths = [p for p in installed if copies.within(p.partition(":")[0], patch.copies)]
+        stale = sorted(p for p in copy_paths if replaced is not None and installed[p] is replaced)
+        stale += copies.left_behind(patch)
         assert not stale, f"{patch.name}: copies of the replaced value left at {stale}"
         again = _run(patch)
         assert (again.state, again.undo) == ("applied", None), f"{patch.name}: decided again: {again.reason}"

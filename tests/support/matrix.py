@@ -23,9 +23,9 @@ def matrix_script() -> types.ModuleType:
 
 
 def live_sites(patch: Any) -> list[Any]:
-    """A :class:`~verl_npu_autopatch.spec.Site` per variant of ``patch`` present in the installed
+    """A :class:`~verl_npu_autopatch.authoring.spec.Site` per variant of ``patch`` present in the installed
     packages (modules imported), in variant order, as ``_pipeline.resolve`` builds them."""
-    from verl_npu_autopatch.spec import Site
+    from verl_npu_autopatch.authoring.spec import Site
 
     sites = []
     for target in patch.hooks:

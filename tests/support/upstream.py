@@ -95,8 +95,8 @@ def load_imports(path: Path, name: str, sources: tuple[str, ...]) -> types.Modul
 def run_engine(patches: list[Any], **env: str) -> Any:
     """A fresh, activated ``Engine`` over ``patches`` with the device forced to NPU and the
     configuration read from ``env`` (variable name → value) by the real config parser."""
-    from verl_npu_autopatch._config import read_config
-    from verl_npu_autopatch.engine import Engine
+    from verl_npu_autopatch.engine.config import read_config
+    from verl_npu_autopatch.engine.lifecycle import Engine
 
     engine = Engine(list(patches), read_config({"VERL_NPU_AUTOPATCH_DEVICE": "npu", **env}))
     engine.activate()

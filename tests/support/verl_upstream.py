@@ -76,8 +76,8 @@ def engines() -> Iterator[Callable[..., Any]]:
     """``start(*patches, **env)``: an activated ``Engine`` forced to NPU mode and configured from
     ``env`` by the real parser; each is settled and reverted afterwards (wrapt hooks cannot be
     unregistered; a settled engine has nothing pending for later imports)."""
-    from verl_npu_autopatch._config import read_config
-    from verl_npu_autopatch.engine import Engine
+    from verl_npu_autopatch.engine.config import read_config
+    from verl_npu_autopatch.engine.lifecycle import Engine
 
     made: list[Engine] = []
 

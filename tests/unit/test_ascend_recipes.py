@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from verl_npu_autopatch import catalog
+from verl_npu_autopatch.engine import catalog
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ascend-recipes.md"
 PREFIXES = ("vllm.", "ascend.", "transformers.", "liger.", "tensordict.", "torch_npu.", "megatron.", "verl.")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from verl_npu_autopatch import catalog
+from verl_npu_autopatch.engine import catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_SITE = ROOT / "tests" / "fixtures" / "site"
@@ -17,7 +17,7 @@ FIXTURE_SITE = ROOT / "tests" / "fixtures" / "site"
 def test_the_committed_index_is_the_rendered_one() -> None:
     index = ROOT / "src" / "verl_npu_autopatch" / "patches" / "_index.py"
     assert index.read_text(encoding="utf-8") == catalog.render_index(), (
-        "patches/_index.py is stale: run `PYTHONPATH=src python3 -m verl_npu_autopatch.catalog"
+        "patches/_index.py is stale: run `PYTHONPATH=src python3 -m verl_npu_autopatch.engine.catalog"
         " > src/verl_npu_autopatch/patches/_index.py`"
     )
 

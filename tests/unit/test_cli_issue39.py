@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 import tomllib
 
-from verl_npu_autopatch import _bugreport, _cli_help, _pipeline, _summary, catalog, cli, doctor
-from verl_npu_autopatch._config import VARIABLES, Config, unknown_variables, variable_warnings
-from verl_npu_autopatch._doctor_child import COUNT_MARK, STEP_MARK
-from verl_npu_autopatch.engine import Engine
-from verl_npu_autopatch.spec import Patch, Target
+from verl_npu_autopatch.authoring.spec import Patch, Target
+from verl_npu_autopatch.cli import bug_report, doctor, help_text, summary
+from verl_npu_autopatch.cli import main as cli
+from verl_npu_autopatch.cli.doctor_child import COUNT_MARK, STEP_MARK
+from verl_npu_autopatch.engine import catalog, decision
+from verl_npu_autopatch.engine.config import VARIABLES, Config, unknown_variables, variable_warnings
+from verl_npu_autopatch.engine.lifecycle import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 ESCAPES = "\x1b]0;pwned\x07\u202e"
@@ -46,7 +48,7 @@ def test_the_environment_block_reads_metadata_cann_and_variables(tmp_path: Path)
         "VERL_VLLM_ASCEND_GLM52_PATCH": "1",
         "HOME": "/nowhere",
     }
-    block = _bugreport.environment(env, versions.get, directories=(), driver_file=str(driver))
+    block = bug_report.environment(env, versions.get, directories=(), driver_file=str(driver))
     assert block["packages"]["torch-npu"] == "2.7.1.post1" and block["packages"]["verl"] is None
     assert set(block["packages"]) >= {"torch", "torch-npu", "vllm", "vllm-ascend", "transformers", "verl", "ray"}
     assert block["packages"]["megatron-core"] == "0.14.0"
@@ -64,32 +66,32 @@ def test_the_environment_block_reads_metadata_cann_and_variables(tmp_path: Path)
 
 def test_cann_is_found_in_the_default_directories_or_not_at_all(tmp_path: Path) -> None:
     home = fake_cann(tmp_path)
-    assert _bugreport.cann({}, directories=(str(tmp_path / "missing"), str(home)))["version"] == "8.2.RC1"
-    assert _bugreport.cann({}, directories=(str(tmp_path / "missing"),)) is None
+    assert bug_report.cann({}, directories=(str(tmp_path / "missing"), str(home)))["version"] == "8.2.RC1"
+    assert bug_report.cann({}, directories=(str(tmp_path / "missing"),)) is None
     (home / "aarch64-linux" / "ascend_toolkit_install.info").write_text("no version here\n")
-    assert _bugreport.cann({"ASCEND_HOME_PATH": str(home)}, directories=()) is None
+    assert bug_report.cann({"ASCEND_HOME_PATH": str(home)}, directories=()) is None
 
 
 def test_the_issues_url_is_pyprojects() -> None:
     urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
-    assert _bugreport.ISSUES_URL == urls["Issues"] == _bugreport.issues_url()
+    assert bug_report.ISSUES_URL == urls["Issues"] == bug_report.issues_url()
 
 
 def test_the_dump_is_markdown_with_the_doctor_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")
-    block = _bugreport.environment({"VERL_NPU_AUTOPATCH_DEVICE": "npu```"}, {"torch": "2.7.1"}.get, ())
+    block = bug_report.environment({"VERL_NPU_AUTOPATCH_DEVICE": "npu```"}, {"torch": "2.7.1"}.get, ())
     data = {"status": "inactive", "reason": "no NPU stack", "device": "none", "pid": 7, "warnings": []}
     data.update(records=[], stderr="", import_errors={})
-    text = _bugreport.markdown(
-        {"environment": block, "doctor": data, "doctor_exit_code": 0, "issues": _bugreport.ISSUES_URL}
+    text = bug_report.markdown(
+        {"environment": block, "doctor": data, "doctor_exit_code": 0, "issues": bug_report.ISSUES_URL}
     )
     lines = text.splitlines()
     assert lines[0] == "## verl-npu-autopatch bug report"
     assert "torch               2.7.1" in lines and "vllm-ascend         not installed" in lines
     assert "VERL_NPU_AUTOPATCH_DEVICE=npu```" in lines
-    assert _bugreport._fenced(["```", "x"])[0] == "````text"  # a fence no line closes
+    assert bug_report._fenced(["```", "x"])[0] == "````text"  # a fence no line closes
     assert "**doctor** (exit code 0)" in lines and "engine inactive: no NPU stack (pid 7)" in lines
-    assert _bugreport.ISSUES_URL in text and max(map(len, lines)) <= 80
+    assert bug_report.ISSUES_URL in text and max(map(len, lines)) <= 80
 
 
 # ----------------------------------------------------------------------------- 6: screens fit
@@ -110,11 +112,11 @@ def test_status_and_list_fit_the_width(columns: int, monkeypatch: pytest.MonkeyP
 
 def test_the_width_follows_columns_then_the_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "97")
-    assert _summary.width() == 97
+    assert summary.width() == 97
     monkeypatch.setenv("COLUMNS", "7")
-    assert _summary.width() == _summary.MIN_WIDTH
+    assert summary.width() == summary.MIN_WIDTH
     monkeypatch.delenv("COLUMNS")
-    assert _summary.width() == 120  # stdout is not a terminal here
+    assert summary.width() == 120  # stdout is not a terminal here
 
 
 def test_list_cuts_summaries_and_all_shows_them_whole(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
@@ -199,11 +201,11 @@ def test_the_opt_in_hint_names_the_group_and_the_value() -> None:
     target = (Target.parse("m:T.f"),)
     grouped = Patch("a.b", "s", target, fix, groups=("glm52", "ascend"), default=False, device="any")
     alone = Patch("c.d", "s", target, fix, groups=(), default=False, device="any")
-    assert _pipeline.plan(grouped, Config()).reason == "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE=glm52"
-    assert _pipeline.plan(alone, Config()).reason == "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE=c.d"
+    assert decision.plan(grouped, Config()).reason == "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE=glm52"
+    assert decision.plan(alone, Config()).reason == "opt-in: enable with VERL_NPU_AUTOPATCH_ENABLE=c.d"
     for declared in catalog.declared():  # every built-in opt-in patch names a group that turns it on alone
         if not declared.default:
-            group = _pipeline.plan(declared, Config()).reason.rpartition("=")[2]
+            group = decision.plan(declared, Config()).reason.rpartition("=")[2]
             assert all(not p.default for p in catalog.declared() if group in p.groups), declared.name
 
 
@@ -225,14 +227,14 @@ def test_progress_shows_targets_imported_after_a_delay_and_erases_itself(monkeyp
 
 # ----------------------------------------------------------------------------- 10: wording
 def test_plurals_and_triggers() -> None:
-    assert (_summary.count(1, "patch"), _summary.count(2, "patch"), _summary.count(1, "more line")) == (
+    assert (summary.count(1, "patch"), summary.count(2, "patch"), summary.count(1, "more line")) == (
         "1 patch",
         "2 patches",
         "1 more line",
     )
-    assert _summary.groups([("a", "applied", "")], ["a"], "doctor --all")[0] == "summary: 1 patch: 1 applied"
-    assert _summary.short_target("vllm_ascend.patch.worker:__file__") == "vllm_ascend.patch.worker (import trigger)"
-    assert _summary.site("triggered by vllm_ascend.patch.worker:__file__") == (
+    assert summary.groups([("a", "applied", "")], ["a"], "doctor --all")[0] == "summary: 1 patch: 1 applied"
+    assert summary.short_target("vllm_ascend.patch.worker:__file__") == "vllm_ascend.patch.worker (import trigger)"
+    assert summary.site("triggered by vllm_ascend.patch.worker:__file__") == (
         "triggered by the import of vllm_ascend.patch.worker"
     )
 
@@ -252,8 +254,8 @@ def test_doctor_all_names_every_patch_without_pointing_at_all(monkeypatch: pytes
 
 
 def test_status_gives_one_label_to_the_missing_npu_stack(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli._environment, "device_decision", lambda config: ("none", "no NPU stack: ..."))
-    monkeypatch.setattr(_pipeline._environment, "npu_stack_installed", lambda: False)
+    monkeypatch.setattr(cli.environment, "device_decision", lambda config: ("none", "no NPU stack: ..."))
+    monkeypatch.setattr(decision.environment, "npu_stack_installed", lambda: False)
     plans = cli.status_data()["patches"]
     assert not [p for p in plans if p["reason"] == cli.NPU_STACK_GATE]
     assert {p["reason"] for p in plans if p["state"] == "inactive"} == {"no NPU stack: ..."}
@@ -262,8 +264,8 @@ def test_status_gives_one_label_to_the_missing_npu_stack(monkeypatch: pytest.Mon
 def test_the_npu_stack_gate_is_the_pipelines() -> None:
     fix = lambda site: lambda: None  # noqa: E731
     patch = Patch("a.b", "s", (Target.parse("m:T.f"),), fix, device="npu-stack")
-    if not _pipeline._environment.npu_stack_installed():
-        assert _pipeline.plan(patch, Config()).reason == cli.NPU_STACK_GATE
+    if not decision.environment.npu_stack_installed():
+        assert decision.plan(patch, Config()).reason == cli.NPU_STACK_GATE
 
 
 def test_status_says_what_the_switched_off_hook_does() -> None:
@@ -280,10 +282,10 @@ def test_every_command_has_a_description_exit_codes_and_variables(capsys: Any) -
             cli.main([command, "--help"])
         out = capsys.readouterr().out
         assert done.value.code == 0
-        assert _cli_help.COMMANDS[command][0].split()[0] in out and "exit codes:" in out
+        assert help_text.COMMANDS[command][0].split()[0] in out and "exit codes:" in out
         assert all(name in out for name in VARIABLES) and "--json" in out
-        assert _cli_help.JSON_HELP.split(":")[0] in out.replace("\n", " ").replace("  ", " ") or command == "x"
-    assert set(_cli_help.VARIABLE_HELP) == set(VARIABLES)
+        assert help_text.JSON_HELP.split(":")[0] in out.replace("\n", " ").replace("  ", " ") or command == "x"
+    assert set(help_text.VARIABLE_HELP) == set(VARIABLES)
 
 
 def test_the_bare_command_prints_the_help(capsys: Any) -> None:

@@ -14,12 +14,13 @@ from types import ModuleType
 import pytest
 
 from tests.support import contract
-from verl_npu_autopatch import cli, ownership
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.engine import Engine
-from verl_npu_autopatch.patches._family import copies_only
-from verl_npu_autopatch.patching import marked_by, set_marked
-from verl_npu_autopatch.spec import Patch, Site, Target, Undo
+from verl_npu_autopatch.authoring.family import copies_only
+from verl_npu_autopatch.authoring.patching import marked_by, set_marked
+from verl_npu_autopatch.authoring.spec import Patch, Site, Target, Undo
+from verl_npu_autopatch.cli import main as cli
+from verl_npu_autopatch.engine import ownership
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.lifecycle import Engine
 
 SOURCE = "autopatch_copies_src"
 PACKAGE = "autopatch_copies_pkg"
@@ -119,7 +120,7 @@ def test_the_contract_fails_a_fix_that_leaves_a_copy_behind(
     modules: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the engine's rebinding the copies keep upstream's function: the contract says where."""
-    monkeypatch.setattr("verl_npu_autopatch._copies.rebind", lambda site, undo: undo)
+    monkeypatch.setattr("verl_npu_autopatch.engine.copies.rebind", lambda site, undo: undo)
     with pytest.raises(AssertionError, match=f"copies of the replaced value left at .*{PACKAGE}:greet"):
         contract.check_contract(PATCH)
 
@@ -220,7 +221,7 @@ def test_the_contract_takes_another_owners_value_in_a_copy(modules: dict[str, Mo
 def test_the_contract_fails_a_stale_patch_that_leaves_a_copy_behind(
     modules: dict[str, ModuleType], owner: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("verl_npu_autopatch._copies.rebind", lambda site, undo: undo)
+    monkeypatch.setattr("verl_npu_autopatch.engine.copies.rebind", lambda site, undo: undo)
     with pytest.raises(AssertionError, match=f"copies of the replaced value left at .*{PACKAGE}"):
         contract.check_contract(STALE)
 

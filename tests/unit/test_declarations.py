@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.children import run
-from verl_npu_autopatch import catalog, cli, ownership
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.authoring.patching import chain, mark, marked_by, set_attribute, set_entry, set_marked
+from verl_npu_autopatch.authoring.spec import APPLY, ComputedSites, Patch, StaticRule, Target
+from verl_npu_autopatch.cli import main as cli
+from verl_npu_autopatch.engine import catalog, ownership
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.lifecycle import Engine
 from verl_npu_autopatch.patches import ascend_routed_experts_capture, vllm_engine_partial_wake_up
-from verl_npu_autopatch.patching import chain, mark, marked_by, set_attribute, set_entry, set_marked
-from verl_npu_autopatch.spec import APPLY, ComputedSites, Patch, StaticRule, Target
 
 TRIGGER = "autopatch_decl_trigger"
 CHANGED = "autopatch_decl_changed"
@@ -151,10 +152,10 @@ def test_list_and_status_show_every_declared_site() -> None:
 
 
 def test_status_prints_what_each_patch_touches() -> None:
-    proc = run(sys.executable, "from verl_npu_autopatch.cli import main; main(['status', '--json'])")
+    proc = run(sys.executable, "from verl_npu_autopatch.cli.main import main; main(['status', '--json'])")
     plans = {p["name"]: p for p in json.loads(proc.stdout)["patches"]}
     assert "triggered by vllm_ascend.patch.worker:__file__" in plans["ascend.routed_experts_capture"]["touches"]
-    text = run(sys.executable, "from verl_npu_autopatch.cli import main; main(['status', '--all'])").stdout
+    text = run(sys.executable, "from verl_npu_autopatch.cli.main import main; main(['status', '--all'])").stdout
     assert "what each patch touches:" in text
     assert "also changes vllm.v1.engine.core:DPEngineCoreProc.execute_dummy_batch" in text
 
@@ -163,7 +164,8 @@ def test_every_builtin_patch_without_a_check_says_why() -> None:
     """``doctor --verify`` compares the transformers kernels and the vLLM-side arithmetic fixes
     (``verify.INFERENCE``) with upstream; every other built-in patch was decided (no arithmetic a
     tiny input can compare) and has its own reason, not the catch-all a plugin's patch gets."""
-    from verl_npu_autopatch import catalog, verify
+    from verl_npu_autopatch.cli import verify
+    from verl_npu_autopatch.engine import catalog
     from verl_npu_autopatch.patches import transformers_npu
 
     names = [p.name for p in catalog.builtin()]
@@ -252,7 +254,7 @@ def test_undo_restores_every_declared_site(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_list_and_status_show_where_each_patch_is_defined(capsys: pytest.CaptureFixture[str]) -> None:
     """``path.py:line`` of the family line that makes the patch (past the helpers that build it)."""
-    root = Path(catalog.__file__).resolve().parents[1]
+    root = Path(catalog.__file__).resolve().parents[2]
     cli.main(["list", "--json"])
     where = {e["name"]: e["defined_at"] for e in json.loads(capsys.readouterr().out)}
     for patch in catalog.builtin():

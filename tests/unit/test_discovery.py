@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from verl_npu_autopatch import catalog, patches
+from verl_npu_autopatch import patches
+from verl_npu_autopatch.engine import catalog
 
 FAMILY = """
-from verl_npu_autopatch.spec import Patch, Target
+from verl_npu_autopatch.authoring.spec import Patch, Target
 
 PATCHES = [
     Patch(

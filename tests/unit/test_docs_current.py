@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from verl_npu_autopatch import cli
+from verl_npu_autopatch.cli import main as cli
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

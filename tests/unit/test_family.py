@@ -9,9 +9,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
-from verl_npu_autopatch.spec import APPLY, Verdict, unsupported
+from verl_npu_autopatch.authoring.family import around, decides, wrapping_patch
+from verl_npu_autopatch.authoring.fingerprints import Code, UpstreamTree
+from verl_npu_autopatch.authoring.spec import APPLY, Verdict, unsupported
 
 
 @decides("pkg.mod:Owner.method", ("self", "x"))

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from verl_npu_autopatch import _fleet_ray, _fleet_view, cli
+from verl_npu_autopatch.cli import fleet_ray, fleet_view
+from verl_npu_autopatch.cli import main as cli
 
 CLUSTER = {"address": "10.0.0.1:6379", "session": "session_1", "found_by": "RAY_ADDRESS", "others": []}
 
@@ -52,7 +53,7 @@ def _gathered(
         calls.append(args)
         return {**answer, "cluster": {**CLUSTER, **extra}}
 
-    monkeypatch.setattr(_fleet_ray, "gather", gather)
+    monkeypatch.setattr(fleet_ray, "gather", gather)
     return calls
 
 
@@ -144,7 +145,7 @@ def test_help_has_a_description_exit_codes_and_the_environment(capsys: pytest.Ca
         "--ray [ADDRESS]: ADDRESS is host:port",
     ):
         assert needle in text, needle
-    assert max(len(line) for line in _fleet_view.EPILOG.splitlines() + _fleet_view.DESCRIPTION.splitlines()) < 80
+    assert max(len(line) for line in fleet_view.EPILOG.splitlines() + fleet_view.DESCRIPTION.splitlines()) < 80
 
 
 def test_fleet_json_carries_the_environment_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

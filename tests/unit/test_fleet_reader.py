@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from tests.support.hostile_reports import ESCAPES, MALFORMED, valid_report, write_malformed
-from verl_npu_autopatch import _fleet_file, _fleet_ray, _fleet_view, _report_file, fleet
+from verl_npu_autopatch.cli import fleet, fleet_file, fleet_ray, fleet_view
+from verl_npu_autopatch.engine import report_file
 
 PID = 77
 HERE = {"host": "node-7", "boot_id": "b", "pidns": "pid:[1]", "timens": "time:[1]"}
@@ -23,8 +24,8 @@ HERE = {"host": "node-7", "boot_id": "b", "pidns": "pid:[1]", "timens": "time:[1
 def test_every_malformed_file_is_refused_with_a_reason(tmp_path: Path, name: str) -> None:
     path = tmp_path / "r.json"
     path.write_bytes(MALFORMED[name])
-    with pytest.raises(_fleet_file.Unreadable) as raised:
-        _fleet_file.read(str(path), frozenset({0, path.stat().st_uid}))
+    with pytest.raises(fleet_file.Unreadable) as raised:
+        fleet_file.read(str(path), frozenset({0, path.stat().st_uid}))
     assert str(raised.value)
 
 
@@ -39,7 +40,7 @@ def test_read_directories_lists_every_bad_file_and_never_raises(tmp_path: Path) 
 def test_a_valid_file_keeps_only_the_schemas_fields_and_older_writers_pass(tmp_path: Path) -> None:
     older = valid_report(extra={"x": [1] * 10}, reason="r" * 5000)
     del older["image"], older["timens"]
-    data = _fleet_file.checked(older)
+    data = fleet_file.checked(older)
     assert "extra" not in data and data["image"] is None and data["timens"] == ""
     assert len(data["reason"]) < 2100 and data["reason"].endswith("(5,000 characters)")
 
@@ -61,8 +62,8 @@ def _proc(root: Path, pid: int, start: int | None, image: int = 4096, offset: st
 
 
 def _judge(monkeypatch: pytest.MonkeyPatch, root: Path, **fields: Any) -> dict[str, Any]:
-    monkeypatch.setattr(_report_file, "PROC", str(root))
-    data = _fleet_file.checked(valid_report(**{**HERE, "pid": PID, "start": 500, "image": 4096, **fields}))
+    monkeypatch.setattr(report_file, "PROC", str(root))
+    data = fleet_file.checked(valid_report(**{**HERE, "pid": PID, "start": 500, "image": 4096, **fields}))
     here = {**HERE, "timens": fleet._readlink("self", "ns/time")}
     return fleet.judge(data, here, time.time(), fleet.STALE_AFTER_S)
 
@@ -122,8 +123,8 @@ def test_another_host_is_stale_only_when_both_clocks_say_so() -> None:
 @pytest.mark.parametrize("value", ["nan", "-1", "-inf", "inf", "1e999"])
 def test_stale_after_refuses_what_is_not_a_finite_number_of_hours(value: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        _fleet_view._hours(value)
-    assert _fleet_view._hours("0") == 0.0 and _fleet_view._hours("2.5") == 2.5
+        fleet_view._hours(value)
+    assert fleet_view._hours("0") == 0.0 and fleet_view._hours("2.5") == 2.5
 
 
 def test_the_screen_escapes_and_cuts_every_foreign_text(tmp_path: Path) -> None:
@@ -133,7 +134,7 @@ def test_the_screen_escapes_and_cuts_every_foreign_text(tmp_path: Path) -> None:
     (tmp_path / f"bad{ESCAPES}\udcff.json").write_text("{}")  # a non-UTF-8 name too
     read = fleet.read_directories([str(tmp_path)])
     data = fleet.view(read, [str(tmp_path) + ESCAPES], True, True)
-    text = _fleet_view.render(data, full=True, stale=True)
+    text = fleet_view.render(data, full=True, stale=True)
     text.encode("utf-8")  # printable on any UTF-8 terminal: no lone surrogate left
     assert not any(raw in text for raw in ("\x1b", "\x07", "\x9b", "\u202e", "\udcff"))
     assert (
@@ -148,7 +149,7 @@ def test_a_nodes_answer_is_checked_as_a_file_is() -> None:
     judged = {"file": "f", "liveness": "running", "title": "", "role": "driver", "live": True, "incomplete": False}
     good = valid_report() | judged
     answer = {"processes": [good, valid_report(pid="../x") | judged, "junk"], "stale": None, "unreadable": [1]}
-    found = _fleet_ray._checked(answer, "node 1")
+    found = fleet_ray._checked(answer, "node 1")
     assert [p["pid"] for p in found["processes"]] == [4242]
     assert found["unreadable"] == [{"file": "node 1", "error": "3 entries of its answer are not valid"}]
-    assert _fleet_ray._checked(["x"], "node 2")["unreadable"][0]["error"] == "an answer of type list"
+    assert fleet_ray._checked(["x"], "node 2")["unreadable"][0]["error"] == "an answer of type list"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_npu_autopatch.fleet import role
+from verl_npu_autopatch.cli.fleet import role
 
 SPAWN = [
     "/usr/bin/python3",

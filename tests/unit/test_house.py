@@ -16,7 +16,7 @@ FALLBACKS = (ast.Pass, ast.Continue, ast.Break, ast.Return, ast.Assign, ast.AnnA
 def test_no_module_is_over_500_lines() -> None:
     lengths = {str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines()) for p in MODULES}
     assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
-    assert "patches/ascend_glm52/__init__.py" in lengths and "engine.py" in lengths  # patches/ is walked too
+    assert "patches/ascend_glm52/__init__.py" in lengths and "engine/lifecycle.py" in lengths  # patches/ is walked too
 
 
 def _default(node: ast.AST | None) -> bool:

@@ -18,7 +18,7 @@ from tests.support.children import ROOT
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "verl_npu_autopatch"
-STARTUP = PACKAGE / "_startup.py"
+STARTUP = PACKAGE / "bootstrap" / "startup.py"
 
 
 def imports(path: Path, with_type_checking: bool = True) -> list[tuple[str, tuple[str, ...]]]:
@@ -81,38 +81,41 @@ def test_the_startup_module_imports_only_what_every_interpreter_has_loaded() -> 
 
 
 def test_the_public_face_resolves_every_name_it_lists() -> None:
-    from verl_npu_autopatch import engine, patching, spec
+    from verl_npu_autopatch.authoring import patching, spec
+    from verl_npu_autopatch.engine import lifecycle as engine
 
     assert verl_npu_autopatch.activate is engine.activate
     assert verl_npu_autopatch.PatchError is engine.PatchError
     assert verl_npu_autopatch.Patch is spec.Patch and verl_npu_autopatch.APPLY is spec.APPLY
-    assert verl_npu_autopatch.patching is patching
+    assert verl_npu_autopatch.authoring.patching is patching
     for name in verl_npu_autopatch.__all__:
         assert getattr(verl_npu_autopatch, name) is not None
     assert set(verl_npu_autopatch.__all__) <= set(dir(verl_npu_autopatch))
-    private = {p.stem for p in PACKAGE.glob("_*.py")} - {"__init__", "__main__"}
-    assert {"_activation", "_config", "_environment", "_pipeline", "_startup"} <= private
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top == {"__init__", "__main__", "_version", "spec", "patching", "handover"}  # at most 8 top-level modules
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert packages == {"authoring", "bootstrap", "cli", "engine", "patches"}
 
 
 def test_one_device_decision_and_one_on_off_parser() -> None:
-    from verl_npu_autopatch import _activation, _config, _environment
-    from verl_npu_autopatch import _startup as startup
+    from verl_npu_autopatch.bootstrap import activation, startup
+    from verl_npu_autopatch.engine import config, decision, environment
 
-    config = _config.read_config({"VERL_NPU_AUTOPATCH_DEVICE": "none"})
-    assert _environment.device_decision(config) == ("none", "VERL_NPU_AUTOPATCH_DEVICE=none")
-    off = _config.read_config({"VERL_NPU_AUTOPATCH": " Disabled "})
+    chosen = config.read_config({"VERL_NPU_AUTOPATCH_DEVICE": "none"})
+    assert environment.device_decision(chosen) == ("none", "VERL_NPU_AUTOPATCH_DEVICE=none")
+    off = config.read_config({"VERL_NPU_AUTOPATCH": " Disabled "})
     assert (off.enabled, off.warnings) == (False, ())
-    assert _environment.device_decision(off)[1] == "switched off by VERL_NPU_AUTOPATCH"
+    assert environment.device_decision(off)[1] == "switched off by VERL_NPU_AUTOPATCH"
     assert (startup.flag(" OFF "), startup.flag("Yes"), startup.flag("maybe")) == (False, True, None)
-    from verl_npu_autopatch import _pipeline
 
-    assert _activation.device_decision is _environment.device_decision  # the inactive decision is the same one
-    assert not hasattr(_pipeline, "device_decision") and not hasattr(_config, "FALSE")
-    assert _config.flag is startup.flag
+    assert activation.device_decision is environment.device_decision  # the inactive decision is the same one
+    assert not hasattr(decision, "device_decision") and not hasattr(config, "FALSE")
+    assert config.flag is startup.flag
 
 
 def _map_rows() -> list[set[str]]:
-    """The modules of each row of docs/internals.md's "Where things live" table, top row first."""
+    """The modules of each row of docs/internals.md's "Where things live" table, top row first, by
+    path in the package (``cli/main``)."""
     text = (SRC.parent / "docs" / "internals.md").read_text(encoding="utf-8")
     table = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
     rows: list[set[str]] = []
@@ -120,10 +123,13 @@ def _map_rows() -> list[set[str]]:
         if not line.startswith("| ") or line.startswith("| layer"):
             continue
         layer, modules = line.split("|")[1:3]
-        names = {token.rpartition("/")[2].removesuffix(".py") for token in modules.split("`")[1::2]}
         if layer.strip():
             rows.append(set())
-        rows[-1] |= {name for name in names if name.isidentifier()}
+        rows[-1] |= {
+            token.removesuffix(".py")
+            for token in modules.split("`")[1::2]
+            if token.endswith(".py") and "*" not in token
+        }
     return rows
 
 
@@ -138,25 +144,31 @@ def _type_checking_nodes(tree: ast.AST) -> list[ast.AST]:
 
 
 def _package_imports(path: Path) -> set[str]:
-    """The package's own submodules ``path`` imports, TYPE_CHECKING blocks left out."""
+    """The package's own modules ``path`` imports (as ``cli/main``), TYPE_CHECKING blocks left out."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     skipped = {id(n) for n in _type_checking_nodes(tree)}
     found = set()
     for node in ast.walk(tree):
         if id(node) in skipped or not isinstance(node, ast.ImportFrom) or not node.module:
             continue
-        if node.module == "verl_npu_autopatch":
-            found |= {alias.name for alias in node.names}
-        elif node.module.startswith("verl_npu_autopatch."):
-            found.add(node.module.split(".")[1])
+        if node.module.startswith("verl_npu_autopatch."):
+            module = node.module.removeprefix("verl_npu_autopatch.").replace(".", "/")
+            found |= {module, *(f"{module}/{alias.name}" for alias in node.names)}
     return found
+
+
+def _mapped_modules() -> set[str]:
+    """Every module of the package outside ``patches/`` but the package files, as ``cli/main``."""
+    found = {str(p.relative_to(PACKAGE).with_suffix("")) for p in PACKAGE.rglob("*.py")}
+    return {m for m in found if not m.startswith("patches/") and m.rpartition("/")[2] not in ("__init__", "__main__")}
 
 
 def test_the_where_things_live_map_names_every_module_and_imports_point_down_it() -> None:
     rows = _map_rows()
     listed = set().union(*rows)
-    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__", "_version"}
+    modules = _mapped_modules() - {"_version"}
     assert modules - listed == set(), "docs/internals.md 'Where things live' misses modules"
+    assert listed - modules == set(), "docs/internals.md 'Where things live' names modules that are gone"
     row_of = {name: i for i, row in enumerate(rows) for name in row}
     upward = [
         f"{module} -> {imported}"
@@ -171,17 +183,17 @@ def test_the_map_names_every_patches_helper() -> None:
     text = (SRC.parent / "docs" / "internals.md").read_text(encoding="utf-8").split("## Where things live", 1)[1]
     helpers = {p.stem for p in (PACKAGE / "patches").glob("_*.py")} - {"__init__"}
     helpers |= {p.stem for p in (PACKAGE / "patches").glob("*/*.py")} - {"__init__"}  # a subpackage family's modules
-    assert {"_family", "rules", "kernels", "verify_cases"} <= helpers
+    assert {"_verl", "rules", "kernels", "verify_cases"} <= helpers
     assert {h for h in helpers if f"`{h}`" not in text and f"`{h}.py`" not in text} == set()
 
 
 def test_a_plainly_inactive_host_is_inactive_by_the_one_device_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     # the start-up module's loader decides "inactive" alone only where the configuration could not
-    # say otherwise; every such environment is inactive by _activation.inactive_here as well
-    from verl_npu_autopatch import _activation, _config
-    from verl_npu_autopatch import _startup as startup
+    # say otherwise; every such environment is inactive by activation.inactive_here as well
+    from verl_npu_autopatch.bootstrap import activation, startup
+    from verl_npu_autopatch.engine import config
 
-    assert {*startup.DECIDING, *startup.SWITCHES} == set(_config.VARIABLES) - {
+    assert {*startup.DECIDING, *startup.SWITCHES} == set(config.VARIABLES) - {
         "VERL_NPU_AUTOPATCH_ENABLE",
         "VERL_NPU_AUTOPATCH_DISABLE",
         # where an active engine writes its report, and the files' mode: no say in the decision; they
@@ -205,7 +217,7 @@ def test_a_plainly_inactive_host_is_inactive_by_the_one_device_decision(monkeypa
             monkeypatch.setattr(os, "environ", env)
             if startup.plainly_inactive():
                 plain += 1
-                assert _activation.inactive_here(), env
+                assert activation.inactive_here(), env
     # without torch_npu: the master switch unset, blank, on or off, STRICT and the legacy switch
     # unset or understood, ENABLE anything, DEVICE and LOG unset; never with torch_npu
     assert plain == 4 * 2 * 2 * 2
@@ -225,13 +237,14 @@ def _import_graph() -> dict[str, set[str]]:
     edge, at module level, in a function or under ``TYPE_CHECKING`` (``from a.b import c`` imports
     ``a.b``, and ``a.b.c`` when that is a module). One exception: the package root's
     ``TYPE_CHECKING`` block, which names the public API's real types for type checkers; it never
-    runs, and every module's import runs the root first anyway (each module "imports" it)."""
+    runs, and every module's import runs the root first anyway (each module "imports" it). The
+    same holds for every package's ``__init__``: its names resolve lazily (``import_module``)."""
     paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         edges: set[str] = set()
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skipped = {id(n) for n in _type_checking_nodes(tree)} if "." not in name else set()
+        skipped = {id(n) for n in _type_checking_nodes(tree)} if path.name == "__init__.py" else set()
         for node in (n for n in ast.walk(tree) if id(n) not in skipped):
             if isinstance(node, ast.Import):
                 edges |= {alias.name for alias in node.names}
@@ -278,12 +291,12 @@ def test_no_import_cycle() -> None:
 def test_the_start_up_module_names_the_work_it_hands_over_to() -> None:
     # the one call up from the bottom layer goes by name (no import statement, no edge above):
     # the name must be the module that holds the activating loader's work
-    from verl_npu_autopatch import _activation, _startup
+    from verl_npu_autopatch.bootstrap import activation, startup
 
-    assert _activation.__name__ == _startup.WORK
-    assert all(callable(getattr(_activation, name)) for name in ("create_module", "exec_module", "held"))
-    assert callable(_activation.after_fork_in_child)
-    assert "verl_npu_autopatch._activation" not in _import_graph()["verl_npu_autopatch._startup"]
+    assert activation.__name__ == startup.WORK
+    assert all(callable(getattr(activation, name)) for name in ("create_module", "exec_module", "held"))
+    assert callable(activation.after_fork_in_child)
+    assert "verl_npu_autopatch.bootstrap.activation" not in _import_graph()["verl_npu_autopatch.bootstrap.startup"]
 
 
 def test_no_family_module_imports_another_and_helpers_import_no_family() -> None:
@@ -307,12 +320,12 @@ def test_doctor_and_ray_helpers_never_import_the_command_line() -> None:
     (the Ray node probe is told which status function to run)."""
     import ast
 
-    package = ROOT / "src" / "verl_npu_autopatch"
-    for name in ("doctor", "_doctor_child", "ray_doctor"):
+    package = ROOT / "src" / "verl_npu_autopatch" / "cli"
+    for name in ("doctor", "doctor_child", "ray_doctor"):
         imported = set()
         for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
             if isinstance(node, ast.Import):
                 imported |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom):
                 imported |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module or ""}
-        assert not {m for m in imported if m.split(".")[:2] == ["verl_npu_autopatch", "cli"]}, name
+        assert not {m for m in imported if m.startswith("verl_npu_autopatch.cli.main")}, name

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from verl_npu_autopatch import _startup, engine
-from verl_npu_autopatch._config import Config
+from verl_npu_autopatch.bootstrap import startup
+from verl_npu_autopatch.engine import lifecycle as engine
+from verl_npu_autopatch.engine.config import Config
 
 
 class RecordingObserver(engine.NullObserver):
@@ -36,12 +37,12 @@ class RecordingObserver(engine.NullObserver):
 
 def test_one_start_up_module_and_one_observer_in_this_process() -> None:
     # the runner has the wheel installed: one module object under the root's name and the package's
-    assert sys.modules["verl_npu_autopatch._startup"] is sys.modules[_startup.NAME]
-    assert engine.engine().observer is _startup.OBSERVER  # the composition root's injection
+    assert sys.modules["verl_npu_autopatch.bootstrap.startup"] is sys.modules[startup.NAME]
+    assert engine.engine().observer is startup.OBSERVER  # the composition root's injection
 
 
 def test_an_engine_drives_the_observer_it_is_given() -> None:
-    live = _startup.OBSERVER.mode
+    live = startup.OBSERVER.mode
     observer = RecordingObserver()
     active = engine.Engine([], Config(device="npu"), observer=observer)
     active.activate("api")
@@ -52,22 +53,22 @@ def test_an_engine_drives_the_observer_it_is_given() -> None:
     inactive = RecordingObserver()
     engine.Engine([], Config(device="none"), observer=inactive).activate("api")
     assert inactive.calls == [("hooked",), ("retire",)]
-    assert _startup.OBSERVER.mode == live  # the process's observer was never touched
+    assert startup.OBSERVER.mode == live  # the process's observer was never touched
 
 
 def test_an_engine_given_no_observer_gets_a_null_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    live = _startup.OBSERVER.mode
+    live = startup.OBSERVER.mode
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     before = list(sys.meta_path)
     plain = engine.Engine([], Config(device="npu"))
     plain.activate("api")
     assert type(plain.observer) is engine.NullObserver and plain.status == "active"
-    assert sys.meta_path == before and _startup.OBSERVER.mode == live
+    assert sys.meta_path == before and startup.OBSERVER.mode == live
 
 
 def test_the_observer_modes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not _startup.is_hook(f)])
-    observer = _startup.Observer()
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not startup.is_hook(f)])
+    observer = startup.Observer()
     assert observer.mode == "placeholder" and not observer.installed()
     observer.observe()
     assert observer.mode == "observing" and sys.meta_path[0] is observer and observer.hooked()
@@ -86,8 +87,8 @@ def test_the_observer_modes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_guarding_mode_holds_other_threads_modules_of_the_gated_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not _startup.is_hook(f)])
-    observer = _startup.Observer()
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not startup.is_hook(f)])
+    observer = startup.Observer()
     observer.guard(_thread.get_ident(), ["pytest"])  # this thread activates; pytest is a target package
     try:
         assert observer.mode == "guarding" and sys.meta_path[0] is observer
@@ -112,13 +113,13 @@ def test_guarding_loads_the_module_that_holds_its_rule(monkeypatch: pytest.Monke
     # or other threads' imports of target packages would go through unheld
     import verl_npu_autopatch
 
-    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not _startup.is_hook(f)])
-    monkeypatch.delitem(sys.modules, _startup.WORK)
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not startup.is_hook(f)])
+    monkeypatch.delitem(sys.modules, startup.WORK)
     monkeypatch.delattr(verl_npu_autopatch, "_activation", raising=False)
-    observer = _startup.Observer()
+    observer = startup.Observer()
     observer.guard(_thread.get_ident(), ["pytest"])
     try:
-        assert _startup.WORK in sys.modules
+        assert startup.WORK in sys.modules
         seen: list[Any] = []
         worker = threading.Thread(target=lambda: seen.append(observer.find_spec("pytest")))
         worker.start()

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.doctor import doctor_exit_code
-from verl_npu_autopatch.engine import Engine
-from verl_npu_autopatch.patching import describe, mark, marked_by, set_attribute
-from verl_npu_autopatch.spec import Patch, Target
+from verl_npu_autopatch.authoring.patching import describe, mark, marked_by, set_attribute
+from verl_npu_autopatch.authoring.spec import Patch, Target
+from verl_npu_autopatch.cli.doctor import doctor_exit_code
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.lifecycle import Engine
 
 _counter = itertools.count()
 
@@ -210,8 +210,8 @@ def test_reload_the_watcher_does_not_see_is_superseded(module_name: str, monkeyp
 
 
 def test_a_declared_dict_entry_may_sit_on_a_class() -> None:
-    from verl_npu_autopatch.ownership import site_value
-    from verl_npu_autopatch.patching import ABSENT
+    from verl_npu_autopatch.authoring.patching import ABSENT
+    from verl_npu_autopatch.engine.ownership import site_value
 
     module = types.ModuleType("site_value_target")
     module.TABLE = {"a": 1}

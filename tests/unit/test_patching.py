@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
-from verl_npu_autopatch.patching import (
+from verl_npu_autopatch.authoring.fingerprints import Code, params_mismatch
+from verl_npu_autopatch.authoring.patching import (
     ABSENT,
     definition,
     marked_by,
@@ -75,7 +75,7 @@ def test_set_marked_marks_and_never_clobbers_a_later_owner() -> None:
 
 def test_the_static_reader_skips_overload_stubs() -> None:
     """A release's ``@overload`` stubs come before the implementation; the rule reads the latter."""
-    from verl_npu_autopatch.patches._fingerprints import ModuleSource
+    from verl_npu_autopatch.authoring.fingerprints import ModuleSource
 
     source = ModuleSource(
         "from typing import overload\n"

@@ -11,10 +11,10 @@ import types
 import pytest
 
 from tests.support.children import run_json
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch._pipeline import Outcome, run
-from verl_npu_autopatch.patching import mark, set_attribute
-from verl_npu_autopatch.spec import Patch, Target, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring.patching import mark, set_attribute
+from verl_npu_autopatch.authoring.spec import Patch, Target, fixed_upstream, unsupported
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.decision import Outcome, run
 
 _counter = itertools.count()
 CONFIG = Config(device="npu")
@@ -163,10 +163,10 @@ def test_runs_where_wrapt_cannot_be_imported() -> None:
     code = """
 import json, sys, types
 sys.modules["wrapt"] = None  # any "import wrapt" now raises ImportError
-from verl_npu_autopatch._pipeline import run
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.patching import mark, set_attribute
-from verl_npu_autopatch.spec import Patch, Target
+from verl_npu_autopatch.engine.decision import run
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.authoring.patching import mark, set_attribute
+from verl_npu_autopatch.authoring.spec import Patch, Target
 
 module = types.ModuleType("no_wrapt_target")
 class Layer:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from verl_npu_autopatch import _ray_session, ray_doctor
-from verl_npu_autopatch._ray_session import Progress, Unreachable, resolve
+from verl_npu_autopatch.cli import ray_doctor, ray_session
+from verl_npu_autopatch.cli.ray_session import Progress, Unreachable, resolve
 
 JOB = {"address": "10.0.0.1:6379", "timeout": 5.0, "work": "m:f", "arguments": {}, "connect_timeout": 30.0}
 
@@ -44,7 +44,7 @@ def test_auto_is_resolved_as_ray_does_and_names_the_other_clusters() -> None:
     ],
 )
 def test_host_port(address: str, expected: tuple[str, int] | None) -> None:
-    assert _ray_session._host_port(address) == expected
+    assert ray_session._host_port(address) == expected
 
 
 def test_nothing_listening_is_told_at_once_and_a_listener_passes() -> None:
@@ -52,9 +52,9 @@ def test_nothing_listening_is_told_at_once_and_a_listener_passes() -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        assert _ray_session._reachable(f"127.0.0.1:{port}", 5) is None
+        assert ray_session._reachable(f"127.0.0.1:{port}", 5) is None
     started = time.monotonic()
-    why = _ray_session._reachable(f"127.0.0.1:{port}", 5)  # closed now
+    why = ray_session._reachable(f"127.0.0.1:{port}", 5)  # closed now
     assert why is not None and why.startswith("connection refused: nothing listens there")
     assert time.monotonic() - started < 2
 
@@ -72,7 +72,7 @@ def _child(script: str) -> list[str]:
 
 def _run(script: str, **job: Any) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
-    found = _ray_session._run_child({**JOB, **job}, Progress("t", io.StringIO()), _child(script))
+    found = ray_session._run_child({**JOB, **job}, Progress("t", io.StringIO()), _child(script))
     return found, time.monotonic() - started
 
 
@@ -104,7 +104,7 @@ def test_the_address_auto_resolved_to_is_named_in_the_failure() -> None:
 
 
 def test_after_connecting_the_node_timeout_and_grace_bound_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_ray_session, "GRACE_S", 0.5)
+    monkeypatch.setattr(ray_session, "GRACE_S", 0.5)
     cluster = {"address": "10.0.0.1:6379", "session": "s", "found_by": None, "others": []}
     found, took = _run(f"say('connected', cluster={cluster!r}); time.sleep(120)", timeout=1.0)
     assert found["error"].startswith("the Ray cluster at 10.0.0.1:6379 stopped answering: nothing within 1.5 s")
@@ -156,18 +156,18 @@ def test_progress_only_on_a_terminal_after_the_delay() -> None:
 
 def test_the_screen_names_the_cluster_reached_and_the_others_auto_could_have_chosen() -> None:
     cluster = {"address": "10.0.0.1:6379", "session": "session_1", "found_by": "RAY_ADDRESS", "others": []}
-    assert _ray_session.cluster_lines("auto", cluster) == (
+    assert ray_session.cluster_lines("auto", cluster) == (
         "the Ray cluster at 10.0.0.1:6379 (auto: RAY_ADDRESS), session session_1",
         [],
     )
     cluster = {**cluster, "found_by": "the latest `ray start` here", "others": ["10.0.0.1:7000"]}
-    where, notes = _ray_session.cluster_lines("auto", cluster)
+    where, notes = ray_session.cluster_lines("auto", cluster)
     assert where.startswith("the Ray cluster at 10.0.0.1:6379 (auto: the latest `ray start` here)")
     assert notes == [
         "note: 2 Ray clusters run on this host; auto reached 10.0.0.1:6379, not 10.0.0.1:7000: "
         "pass ADDRESS (or set RAY_ADDRESS) to choose"
     ]
-    assert _ray_session.cluster_lines("auto", None) == ("the Ray cluster at auto", [])
+    assert ray_session.cluster_lines("auto", None) == ("the Ray cluster at auto", [])
 
 
 def _node(installed: bool) -> dict[str, Any]:
@@ -215,7 +215,7 @@ def argparse_namespace(**given: Any) -> Any:
 def test_the_job_names_its_work_and_the_child_runs_it_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """The child imports the work by the name the command gave (no import of the commands here)."""
     seen: list[Any] = []
-    monkeypatch.setattr(_ray_session, "run", lambda job, env, connect, progress: seen.append(job) or {"error": "x"})
+    monkeypatch.setattr(ray_session, "run", lambda job, env, connect, progress: seen.append(job) or {"error": "x"})
     ray_doctor.probe_cluster("a:1", None, "m:f", 7.0, 3.0, Progress("t", io.StringIO()))
     assert seen == [
         {"address": "a:1", "timeout": 7.0, "work": f"{ray_doctor.__name__}:probe_nodes", "arguments": {"status": "m:f"}}
@@ -234,8 +234,8 @@ def test_a_failed_ray_init_says_why_from_its_cause() -> None:
     try:
         raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from cause
     except ConnectionError as exc:
-        assert _ray_session._why(exc) == (
+        assert ray_session._why(exc) == (
             "ConnectionError: Failed to connect to Ray cluster at 10.0.0.1:6379 (ray.exceptions.AuthenticationError: "
             "RPC error: InvalidAuthToken: Authentication token is missing)"
         )
-    assert _ray_session._why(ValueError("plain")) == "ValueError: plain"
+    assert ray_session._why(ValueError("plain")) == "ValueError: plain"

@@ -12,11 +12,11 @@ import sys
 import pytest
 
 from tests.unit.test_units import plus_one_patch
-from verl_npu_autopatch._cli_help import seconds
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.doctor import LOG_LINES, first_screen
-from verl_npu_autopatch.engine import Engine
-from verl_npu_autopatch.spec import Patch
+from verl_npu_autopatch.authoring.spec import Patch
+from verl_npu_autopatch.cli.doctor import LOG_LINES, first_screen
+from verl_npu_autopatch.cli.help_text import seconds
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.lifecycle import Engine
 
 
 def test_a_target_imported_afresh_is_patched_again(module_name: str) -> None:

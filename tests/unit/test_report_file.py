@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from verl_npu_autopatch import _report_file
-from verl_npu_autopatch._config import read_config
-from verl_npu_autopatch._slots import Slots
-from verl_npu_autopatch._text import REASON_CHARS
-from verl_npu_autopatch.records import Record
+from verl_npu_autopatch.engine import report_file
+from verl_npu_autopatch.engine.config import read_config
+from verl_npu_autopatch.engine.records import Record
+from verl_npu_autopatch.engine.slots import Slots
+from verl_npu_autopatch.engine.text import REASON_CHARS
 
 
 class FakeEngine:
@@ -44,26 +44,26 @@ def test_file_name_holds_the_pid_namespace() -> None:
     # two containers, one host name, each trainer pid 1, started in the same tick: two names
     first = {"host": "node-1", "pid": 1, "start": 4242, "pidns": "pid:[4026531836]"}
     second = {**first, "pidns": "pid:[4026532501]"}
-    assert _report_file.file_name(first) == "node-1-1-4242-4026531836.json"
-    assert _report_file.file_name(first) != _report_file.file_name(second)
-    assert _report_file.file_name({**first, "pidns": "", "start": None}) == "node-1-1-0-0.json"  # unknown: 0
-    here = _report_file.identity()
-    assert _report_file.file_name(here).endswith(f"-{os.stat('/proc/self/ns/pid').st_ino}.json")
+    assert report_file.file_name(first) == "node-1-1-4242-4026531836.json"
+    assert report_file.file_name(first) != report_file.file_name(second)
+    assert report_file.file_name({**first, "pidns": "", "start": None}) == "node-1-1-0-0.json"  # unknown: 0
+    here = report_file.identity()
+    assert report_file.file_name(here).endswith(f"-{os.stat('/proc/self/ns/pid').st_ino}.json")
 
 
 def test_identity_has_the_image_and_time_namespace() -> None:
-    here = _report_file.identity()
+    here = report_file.identity()
     assert here["timens"] == os.readlink("/proc/self/ns/time")
     startstack = Path("/proc/self/stat").read_text().rpartition(")")[2].split()[25]  # field 28
-    assert here["image"] == _report_file.image() == int(startstack) > 0
-    assert _report_file.image(2**22 + 7) is None  # no such process
+    assert here["image"] == report_file.image() == int(startstack) > 0
+    assert report_file.image(2**22 + 7) is None  # no such process
 
 
 def test_reasons_and_warnings_are_bounded_in_the_file(tmp_path: Path) -> None:
     huge = "x" * 219_000  # a 219 kB exception message
     engine = FakeEngine(reason=huge, warnings=[huge, "short"])
     engine.record.state, engine.record.reason = "failed", f"fix raised ValueError: {huge}"
-    _report_file.ReportFile(engine, str(tmp_path)).changed()  # type: ignore[arg-type]
+    report_file.ReportFile(engine, str(tmp_path)).changed()  # type: ignore[arg-type]
     [path] = tmp_path.glob("*.json")
     assert path.stat().st_size < 4 * REASON_CHARS + 4096  # three cut texts and the rest: not 657 kB
     data = json.loads(path.read_text())
@@ -73,8 +73,8 @@ def test_reasons_and_warnings_are_bounded_in_the_file(tmp_path: Path) -> None:
 
 def test_planted_names_are_never_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = FakeEngine()
-    report = _report_file.ReportFile(engine, str(tmp_path))  # type: ignore[arg-type]
-    name = _report_file.file_name(_report_file.identity())
+    report = report_file.ReportFile(engine, str(tmp_path))  # type: ignore[arg-type]
+    name = report_file.file_name(report_file.identity())
     victim = tmp_path.parent / f"{tmp_path.name}-victim"
     victim.write_text("precious")
     # the name the writer used before (predictable), and the next three random ones, all taken
@@ -95,9 +95,9 @@ def test_planted_names_are_never_opened(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_a_failed_rewrite_leaves_the_report_incomplete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = FakeEngine()
-    report = _report_file.ReportFile(engine, str(tmp_path))  # type: ignore[arg-type]
+    report = report_file.ReportFile(engine, str(tmp_path))  # type: ignore[arg-type]
     report.changed()
-    name = _report_file.file_name(_report_file.identity())
+    name = report_file.file_name(report_file.identity())
     assert (tmp_path / name).exists()
     replace = os.replace
 
@@ -126,13 +126,13 @@ def test_files_and_directories_are_private_whatever_the_umask(tmp_path: Path) ->
     old = os.umask(0)
     try:
         engine = FakeEngine()
-        _report_file.ReportFile(engine, str(tmp_path / "a" / "b")).changed()  # type: ignore[arg-type]
+        report_file.ReportFile(engine, str(tmp_path / "a" / "b")).changed()  # type: ignore[arg-type]
         engine.slots.config = read_config({"VERL_NPU_AUTOPATCH_REPORT_MODE": "0640"})
-        _report_file.ReportFile(engine, str(tmp_path / "shared")).changed()  # type: ignore[arg-type]
+        report_file.ReportFile(engine, str(tmp_path / "shared")).changed()  # type: ignore[arg-type]
     finally:
         os.umask(old)
     modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*")}
-    name = _report_file.file_name(_report_file.identity())
+    name = report_file.file_name(report_file.identity())
     assert modes == {"a": 0o700, "a/b": 0o700, f"a/b/{name}": 0o600, "shared": 0o750, f"shared/{name}": 0o640}
 
 
@@ -142,7 +142,7 @@ def test_a_directory_others_may_write_is_refused_unless_sticky(tmp_path: Path) -
         directory.mkdir()
         directory.chmod(mode)
         engine = FakeEngine()
-        _report_file.ReportFile(engine, str(directory)).changed()  # type: ignore[arg-type]
+        report_file.ReportFile(engine, str(directory)).changed()  # type: ignore[arg-type]
         assert (list(directory.iterdir()) == []) == refused, oct(mode)
         assert len(engine.warnings) == refused, engine.warnings
         if refused:

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from verl_npu_autopatch._environment import check_requirement
+from verl_npu_autopatch.engine.environment import check_requirement
 
 VERSIONS = {"vllm": "0.30.0rc2", "transformers": "5.24.0"}
 
@@ -26,7 +26,7 @@ def test_a_specifier_is_decided_by_packaging_with_prereleases() -> None:
 
 def test_a_bare_name_imports_no_requirement_parser() -> None:
     code = (
-        "import json, sys; from verl_npu_autopatch._environment import check_requirement; "
+        "import json, sys; from verl_npu_autopatch.engine.environment import check_requirement; "
         "check_requirement('transformers', lambda n: '5.0'); "
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('packaging'))))"
     )

@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 from tests.unit.test_pipeline import decide, module, patch_on  # noqa: F401  (module: a fixture)
-from verl_npu_autopatch import _pipeline, catalog, cli, doctor, ray_doctor
-from verl_npu_autopatch._config import Config, read_config
-from verl_npu_autopatch._text import REASON_CHARS
-from verl_npu_autopatch.engine import Engine
-from verl_npu_autopatch.records import table
-from verl_npu_autopatch.spec import Patch, Target
+from verl_npu_autopatch.authoring.spec import Patch, Target
+from verl_npu_autopatch.cli import doctor, ray_doctor
+from verl_npu_autopatch.cli import main as cli
+from verl_npu_autopatch.engine import catalog, decision
+from verl_npu_autopatch.engine.config import Config, read_config
+from verl_npu_autopatch.engine.lifecycle import Engine
+from verl_npu_autopatch.engine.records import table
+from verl_npu_autopatch.engine.text import REASON_CHARS
 
 
 class Unprintable(RuntimeError):
@@ -88,10 +90,10 @@ def test_lists_split_on_commas_spaces_and_newlines() -> None:
 
 def test_names_match_patches_and_groups_in_any_case(module: types.ModuleType) -> None:  # noqa: F811
     patch = patch_on(f"{module.__name__}:Layer.forward", groups=("glm52",), default=False)
-    assert _pipeline.plan(patch, Config(device="npu")).state == "disabled"
-    assert _pipeline.plan(patch, Config(device="npu", enable=frozenset({"GLM52"}))).state == "pending"
+    assert decision.plan(patch, Config(device="npu")).state == "disabled"
+    assert decision.plan(patch, Config(device="npu", enable=frozenset({"GLM52"}))).state == "pending"
     off = Config(device="npu", enable=frozenset({"glm52"}), disable=frozenset({"PIPE.Test"}))
-    assert _pipeline.plan(patch, off).reason == "turned off by VERL_NPU_AUTOPATCH_DISABLE"
+    assert decision.plan(patch, off).reason == "turned off by VERL_NPU_AUTOPATCH_DISABLE"
 
 
 def test_unknown_names_ignore_case_and_suggest_in_any_case() -> None:

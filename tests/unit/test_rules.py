@@ -11,6 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
+from verl_npu_autopatch.authoring.fingerprints import Code, ModuleSource, definition_defaults
+from verl_npu_autopatch.authoring.patching import parameter_defaults
+from verl_npu_autopatch.authoring.spec import Verdict
 from verl_npu_autopatch.patches import (
     ascend_310p_sampler_record_stream,
     ascend_camem_sleep_sync,
@@ -42,10 +45,7 @@ from verl_npu_autopatch.patches import (
     vllm_routed_experts_padding_slots,
 )
 from verl_npu_autopatch.patches._capture_trim import trim_rule
-from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, definition_defaults
 from verl_npu_autopatch.patches.ascend_glm52 import rules as glm52_rules
-from verl_npu_autopatch.patching import parameter_defaults
-from verl_npu_autopatch.spec import Verdict
 
 SLEEP = ("self", "offload_tags")
 UNMAP = "forptrinself.pointer_to_data:unmap_and_release(handle)"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl_npu_autopatch._text import REASON_CHARS, cut, describe, printable, safe_str
+from verl_npu_autopatch.engine.text import REASON_CHARS, cut, describe, printable, safe_str
 
 
 class Unprintable(Exception):
@@ -59,8 +59,8 @@ BAD_DEFAULT = BadRepr()
 def test_a_signature_with_a_default_whose_repr_raises_is_still_shown() -> None:
     import inspect
 
-    from verl_npu_autopatch._text import safe_repr
-    from verl_npu_autopatch.patching import signature_text
+    from verl_npu_autopatch.authoring.patching import signature_text
+    from verl_npu_autopatch.engine.text import safe_repr
 
     def upstream(x, flag=BAD_DEFAULT, size=3):  # type: ignore[no-untyped-def]
         return x

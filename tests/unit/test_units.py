@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from verl_npu_autopatch._config import Config, read_config
-from verl_npu_autopatch.engine import Engine
-from verl_npu_autopatch.handover import HandOver
-from verl_npu_autopatch.patching import mark, set_attribute
-from verl_npu_autopatch.spec import Patch, Target
+from verl_npu_autopatch.authoring.handover import HandOver
+from verl_npu_autopatch.authoring.patching import mark, set_attribute
+from verl_npu_autopatch.authoring.spec import Patch, Target
+from verl_npu_autopatch.engine.config import Config, read_config
+from verl_npu_autopatch.engine.lifecycle import Engine
 
 
 def plus_one_patch(module: str, **kwargs) -> Patch:
@@ -173,11 +173,11 @@ def test_reapply_applies_afresh_over_another_owners_value(module_name: str) -> N
 
 
 def test_strict_mode_errors_are_recognised_by_type_not_by_name() -> None:
-    from verl_npu_autopatch import _activation
-    from verl_npu_autopatch.engine import PatchError
+    from verl_npu_autopatch.bootstrap import activation
+    from verl_npu_autopatch.engine.lifecycle import PatchError
 
     class ImpostorError(RuntimeError):
         pass
 
     ImpostorError.__name__ = "PatchError"  # what a comparison of class names would take for strict mode
-    assert _activation._strict(PatchError("strict")) and not _activation._strict(ImpostorError("not strict"))
+    assert activation._strict(PatchError("strict")) and not activation._strict(ImpostorError("not strict"))

@@ -7,9 +7,9 @@ import types
 
 import pytest
 
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.engine import Engine
-from verl_npu_autopatch.spec import Patch, Target, unsupported
+from verl_npu_autopatch.authoring.spec import Patch, Target, unsupported
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.lifecycle import Engine
 
 
 def test_every_variant_rejected_is_unsupported_with_each_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verl_npu_autopatch import _startup as startup
-from verl_npu_autopatch import catalog, patches
+from verl_npu_autopatch import patches
+from verl_npu_autopatch.bootstrap import startup
+from verl_npu_autopatch.engine import catalog
 
 
 def test_every_builtin_site_is_under_a_watched_package() -> None:

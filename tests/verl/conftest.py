@@ -14,8 +14,8 @@ tiers.require(__file__)  # before importing what this environment may lack
 
 import tensordict  # noqa: E402,F401  (the process-wide engine decides "inactive" now: no torch_npu here)
 
-from verl_npu_autopatch import engine as process_engine  # noqa: E402
-from verl_npu_autopatch.engine import Engine  # noqa: E402
+from verl_npu_autopatch.engine import lifecycle as process_engine  # noqa: E402
+from verl_npu_autopatch.engine.lifecycle import Engine  # noqa: E402
 
 assert process_engine.report().status == "inactive", process_engine.report().reason
 

@@ -11,8 +11,8 @@ from types import ModuleType
 import pytest
 
 from tests.support import upstream
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.lifecycle import Engine
 
 
 def release_root(project: str, version: str) -> Path:

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.verl.helpers import forget_megatron, import_megatron, record, start
-from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.authoring.patching import marked_by
+from verl_npu_autopatch.engine.lifecycle import Engine
 from verl_npu_autopatch.patches import megatron_layer_offset as family
-from verl_npu_autopatch.patching import marked_by
 
 (PATCH,) = family.PATCHES
 #: Releases importable on this CPU env (0.19.2's MoE package needs triton).

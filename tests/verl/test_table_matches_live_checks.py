@@ -23,6 +23,8 @@ from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F
 from tests.verl.test_verl_checkpoint_send_reoffload import verl_workers  # noqa: F401  (fixture)
 from tests.verl.test_verl_distillation_log_prob_floor import verl_losses  # noqa: F401  (fixture)
 from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)
+from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
+from verl_npu_autopatch.authoring.spec import Patch
 from verl_npu_autopatch.patches import (
     megatron_async_save_format,
     megatron_expert_bias_fp32,
@@ -32,8 +34,6 @@ from verl_npu_autopatch.patches import (
     verl_distillation_log_prob_floor,
     verl_npu_version_probe,
 )
-from verl_npu_autopatch.patches._fingerprints import UpstreamTree
-from verl_npu_autopatch.spec import Patch
 
 #: family, the fixture loading its target from a release, the project, the releases it loads.
 CASES: list[tuple[ModuleType, str, str, str]] = [

@@ -15,8 +15,8 @@ from tensordict import TensorDict
 
 from tests.support import upstream
 from tests.verl.helpers import record, release_root, start
+from verl_npu_autopatch.authoring.fingerprints import Code
 from verl_npu_autopatch.patches import tensordict_npu_sync
-from verl_npu_autopatch.patches._fingerprints import Code
 
 NAME = "tensordict.npu_sync"
 

@@ -19,9 +19,9 @@ from tensordict import TensorDict
 
 from tests.support import upstream
 from tests.verl.helpers import record, release_root, start
-from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.authoring.patching import marked_by
+from verl_npu_autopatch.engine.lifecycle import Engine
 from verl_npu_autopatch.patches import verl_3d_position_ids as family
-from verl_npu_autopatch.patching import marked_by
 
 VERSIONS = ("0.8.0", "0.9.0", "0.9.1")
 (PATCH,) = family.PATCHES
@@ -143,7 +143,7 @@ def test_an_engine_module_imported_after_the_fix_reads_it(
 def test_the_live_check_agrees_with_the_decision_table(
     verl: Callable[[str], dict[str, types.ModuleType]], version: str
 ) -> None:
-    from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+    from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 
     utils = verl(version)[family.MODULE]
     tree = UpstreamTree((release_root("verl", version),), {"verl": version})
@@ -154,6 +154,6 @@ def test_the_live_check_agrees_with_the_decision_table(
 
 
 def contract_site(utils: types.ModuleType) -> Any:
-    from verl_npu_autopatch.spec import Site
+    from verl_npu_autopatch.authoring.spec import Site
 
     return Site(PATCH, PATCH.targets[0], utils, utils, family.FUNCTION, utils.maybe_fix_3d_position_ids)

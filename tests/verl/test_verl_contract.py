@@ -17,6 +17,7 @@ from tests.verl.test_verl_3d_position_ids import verl  # noqa: F401  (fixture)
 from tests.verl.test_verl_checkpoint_send_reoffload import verl_workers  # noqa: F401  (fixture)
 from tests.verl.test_verl_distillation_log_prob_floor import ESTIMATOR_NAMES, verl_losses  # noqa: F401  (fixture)
 from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)
+from verl_npu_autopatch.authoring.spec import Patch
 from verl_npu_autopatch.patches import (
     megatron_async_save_format,
     megatron_expert_bias_fp32,
@@ -28,7 +29,6 @@ from verl_npu_autopatch.patches import (
     verl_distillation_log_prob_floor,
     verl_npu_version_probe,
 )
-from verl_npu_autopatch.spec import Patch
 
 LIVE = contract.live_patches()
 

@@ -30,9 +30,9 @@ for _name in [n for n in os.environ if n.startswith("VERL_NPU_AUTOPATCH") and n 
 import pytest  # noqa: E402
 
 from tests.vllm.vllm_support import force_cpu_platform  # noqa: E402
-from verl_npu_autopatch._config import Config  # noqa: E402
-from verl_npu_autopatch.engine import Engine  # noqa: E402
-from verl_npu_autopatch.spec import Patch  # noqa: E402
+from verl_npu_autopatch.authoring.spec import Patch  # noqa: E402
+from verl_npu_autopatch.engine.config import Config  # noqa: E402
+from verl_npu_autopatch.engine.lifecycle import Engine  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.matrix import live_sites, matrix_script
-from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 
 STATE = {"apply": "applies"}
 

@@ -29,10 +29,10 @@ import torch
 from tests.support import verl_upstream
 from tests.vllm.test_vllm_moe import INTER, E, H, checkpoint, load, reference, to_runtime_layout
 from tests.vllm.vllm_support import build_moe, moe_layer_class, record
-from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.authoring.patching import MARKER
+from verl_npu_autopatch.engine.lifecycle import Engine
 from verl_npu_autopatch.patches import verl_defer_duplicates, vllm_moe, vllm_rotary_flash_attn_guard
 from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, verl_owned
-from verl_npu_autopatch.patching import MARKER
 
 ROTARY, LOADER, DEFERS = vllm_rotary_flash_attn_guard.PATCHES[0], vllm_moe.PATCHES[0], verl_defer_duplicates.PATCHES[0]
 FORCED = dataclasses.replace(ROTARY, check=None)

@@ -9,8 +9,8 @@ import pytest
 
 from tests.support import contract, verl_upstream
 from tests.vllm.test_verl_vllm_coexistence import common, verl, verl_root  # noqa: F401  (fixtures)
+from verl_npu_autopatch.authoring.spec import Patch
 from verl_npu_autopatch.patches import verl_defer_duplicates
-from verl_npu_autopatch.spec import Patch
 
 LIVE = contract.live_patches()
 

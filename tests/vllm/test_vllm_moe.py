@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from tests.vllm.vllm_support import build_moe, moe_layer_class, record
+from verl_npu_autopatch.authoring.patching import MARKER
+from verl_npu_autopatch.authoring.spec import Site
 from verl_npu_autopatch.patches import vllm_moe
-from verl_npu_autopatch.patching import MARKER
-from verl_npu_autopatch.spec import Site
 
 PATCH = vllm_moe.PATCHES[0]
 NAME = "vllm.moe_weight_loader"

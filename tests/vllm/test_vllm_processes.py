@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from tests.vllm import vnpa_child
+from verl_npu_autopatch.authoring.spec import Site
 from verl_npu_autopatch.patches import vllm_moe, vllm_rotary_flash_attn_guard
-from verl_npu_autopatch.spec import Site
 
 MOE, ROTARY = "vllm.moe_weight_loader", "vllm.rotary_flash_attn_guard"
 
@@ -262,7 +262,7 @@ def test_real_vllm_engine_processes_report_patches_applied(tmp_path: Path) -> No
 
 
 def test_patch_catalog_lists_both_vllm_patches() -> None:
-    from verl_npu_autopatch import catalog
+    from verl_npu_autopatch.engine import catalog
 
     names = [p.name for p in catalog.builtin()]
     assert MOE in names and ROTARY in names

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from tests.vllm.vllm_support import record
+from verl_npu_autopatch.authoring.patching import MARKER
+from verl_npu_autopatch.authoring.spec import Site
 from verl_npu_autopatch.patches import vllm_rotary_flash_attn_guard
-from verl_npu_autopatch.patching import MARKER
-from verl_npu_autopatch.spec import Site
 
 PATCH = vllm_rotary_flash_attn_guard.PATCHES[0]
 NAME = "vllm.rotary_flash_attn_guard"

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.engine.lifecycle import Engine
 
 HERE = Path(__file__).resolve().parent
 

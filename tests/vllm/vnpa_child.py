@@ -22,7 +22,7 @@ def report_data() -> dict[str, Any]:
     import sys
 
     import verl_npu_autopatch
-    from verl_npu_autopatch.patching import marked_by
+    from verl_npu_autopatch.authoring.patching import marked_by
 
     marks = {}
     routed = sys.modules.get("vllm.model_executor.layers.fused_moe.routed_experts")

@@ -19,8 +19,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, params_mismatch
-from verl_npu_autopatch.spec import APPLY, Target, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import APPLY, Code, Target, Verdict, fixed_upstream, params_mismatch, unsupported
 
 __all__ = [
     "CAPTURE",

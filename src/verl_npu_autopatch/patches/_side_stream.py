@@ -20,9 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.patching import definition
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import APPLY, Code, Site, Verdict, definition, fixed_upstream, unsupported
 
 #: The side-stream block and the wait after it, whitespace-free as ``Code`` holds them.
 SWITCH = "withnpu_stream_switch(global_stream()):"

@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patching import marked_by, origin, underlying
-from verl_npu_autopatch.spec import Site, Verdict
+from verl_npu_autopatch.authoring import Site, Verdict, marked_by, origin, underlying
 
 #: The verl module holding its vLLM / vllm-ascend NPU patches.
 PATCH_MODULE = "verl.utils.vllm.npu_vllm_patch"

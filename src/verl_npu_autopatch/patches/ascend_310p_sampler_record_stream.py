@@ -24,10 +24,8 @@ function through the module global, so rebinding the module attribute reaches ev
 
 from __future__ import annotations
 
-from verl_npu_autopatch.patches._family import decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.authoring import Code, Verdict, decides, unsupported, wrapping_patch
 from verl_npu_autopatch.patches._side_stream import SWITCH, SideTensor, recording, side_stream_rule
-from verl_npu_autopatch.spec import Verdict, unsupported
 
 SAMPLER = "vllm_ascend._310p.sample.sampler"
 FUNCTION = "_random_sample_310p"

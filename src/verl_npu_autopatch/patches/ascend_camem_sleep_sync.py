@@ -15,10 +15,17 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    Site,
+    Verdict,
+    decides,
+    fixed_upstream,
+    unsupported,
+    wrapping_patch,
+)
 from verl_npu_autopatch.patches._verl import CAMEM_MARKER, claim, yield_to_verl
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
 CAMEM = "vllm_ascend.device_allocator.camem"
 SLEEP_PARAMS = ("self", "offload_tags")

@@ -31,10 +31,22 @@ from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from verl_npu_autopatch.patches._family import decides, rule_patch
-from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree
-from verl_npu_autopatch.patching import chain, replace_method
-from verl_npu_autopatch.spec import APPLY, Site, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    ModuleSource,
+    Site,
+    Target,
+    Undo,
+    UpstreamTree,
+    Verdict,
+    chain,
+    decides,
+    fixed_upstream,
+    replace_method,
+    rule_patch,
+    unsupported,
+)
 
 DISPATCHER = "vllm_ascend.ops.fused_moe.token_dispatcher"
 CAMEM = "vllm_ascend.device_allocator.camem"

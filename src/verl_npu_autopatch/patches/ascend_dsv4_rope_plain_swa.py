@@ -28,9 +28,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, unsupported
+from verl_npu_autopatch.authoring import APPLY, RECIPE, Code, Site, Verdict, decides, unsupported, wrapping_patch
 
 MODULE = "vllm_ascend.ops.rope_dsv4"
 METHOD = "ComplexExpRotaryEmbedding.__init__"

@@ -27,9 +27,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verl_npu_autopatch.patches._family import copies_only
-from verl_npu_autopatch.patches._fingerprints import ModuleSource, UpstreamTree
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    ModuleSource,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    UpstreamTree,
+    Verdict,
+    copies_only,
+    fixed_upstream,
+    unsupported,
+)
 
 PATCH_MODULE = "vllm_ascend.patch.platform.patch_fused_moe"
 PACKAGE = "vllm.model_executor.layers.fused_moe"

@@ -20,9 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    Verdict,
+    around,
+    decides,
+    fixed_upstream,
+    unsupported,
+    wrapping_patch,
+)
 
 LINEAR = "vllm_ascend.ops.linear"
 METHOD = "AscendUnquantizedLinearMethod.process_weights_after_loading"

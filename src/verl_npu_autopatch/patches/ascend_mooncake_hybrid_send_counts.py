@@ -32,10 +32,20 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, decides, rule_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.patching import chain, replace_method
-from verl_npu_autopatch.spec import APPLY, Site, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    RECIPE,
+    Code,
+    Site,
+    Undo,
+    Verdict,
+    chain,
+    decides,
+    fixed_upstream,
+    replace_method,
+    rule_patch,
+    unsupported,
+)
 
 MODULE = "vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector"
 WORKER = "MooncakeConnectorWorker"

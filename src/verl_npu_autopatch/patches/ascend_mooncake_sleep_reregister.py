@@ -32,10 +32,20 @@ from collections.abc import Callable
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from verl_npu_autopatch.patches._family import RECIPE, decides, rule_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.patching import chain, replace_method
-from verl_npu_autopatch.spec import APPLY, Site, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    RECIPE,
+    Code,
+    Site,
+    Undo,
+    Verdict,
+    chain,
+    decides,
+    fixed_upstream,
+    replace_method,
+    rule_patch,
+    unsupported,
+)
 
 WORKER = "vllm_ascend.worker.worker"
 ENGINE = "vllm_ascend.distributed.kv_transfer.utils.mooncake_transfer_engine"

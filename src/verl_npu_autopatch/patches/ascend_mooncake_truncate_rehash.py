@@ -26,9 +26,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    RECIPE,
+    Code,
+    Verdict,
+    around,
+    decides,
+    fixed_upstream,
+    unsupported,
+    wrapping_patch,
+)
 
 MODULE = "vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector"
 PARAMS = ("self", "request")

@@ -32,6 +32,23 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    ModuleSource,
+    Patch,
+    Site,
+    StaticRule,
+    Undo,
+    UpstreamTree,
+    Verdict,
+    fixed_upstream,
+    imports_module_unconditionally,
+    own_value,
+    params_mismatch,
+    set_marked,
+    unsupported,
+)
 from verl_npu_autopatch.patches._capture_trim import (
     CAPTURE,
     CAPTURE_PARAMS,
@@ -43,24 +60,6 @@ from verl_npu_autopatch.patches._capture_trim import (
     WORKER_READS,
     trim_rule,
     trimmed,
-)
-from verl_npu_autopatch.patches._fingerprints import (
-    Code,
-    ModuleSource,
-    UpstreamTree,
-    imports_module_unconditionally,
-    params_mismatch,
-)
-from verl_npu_autopatch.patching import own_value, set_marked
-from verl_npu_autopatch.spec import (
-    APPLY,
-    Patch,
-    Site,
-    StaticRule,
-    Undo,
-    Verdict,
-    fixed_upstream,
-    unsupported,
 )
 
 #: 0.18's own capturer patch (note the trailing "r"): replaces init_buffer, not capture.

@@ -19,6 +19,22 @@ import importlib
 import sys
 from typing import Any
 
+from verl_npu_autopatch.authoring import (
+    ABSENT,
+    Patch,
+    Site,
+    StaticRule,
+    Undo,
+    UpstreamTree,
+    Verdict,
+    definition,
+    imports_module_unconditionally,
+    marked_by,
+    origin,
+    own_value,
+    set_marked,
+    unsupported,
+)
 from verl_npu_autopatch.patches._capture_trim import (
     CAPTURE,
     CAPTURER,
@@ -32,9 +48,6 @@ from verl_npu_autopatch.patches._capture_trim import (
     trim_rule,
     trimmed,
 )
-from verl_npu_autopatch.patches._fingerprints import UpstreamTree, imports_module_unconditionally
-from verl_npu_autopatch.patching import ABSENT, definition, marked_by, origin, own_value, set_marked
-from verl_npu_autopatch.spec import Patch, Site, StaticRule, Undo, Verdict, unsupported
 
 CAPTURE_OWNER = "ascend.routed_experts_capture"
 METHOD = TARGET.qualname

@@ -16,10 +16,8 @@ runs as shipped.
 
 from __future__ import annotations
 
-from verl_npu_autopatch.patches._family import decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.authoring import Code, Verdict, decides, wrapping_patch
 from verl_npu_autopatch.patches._side_stream import SWITCH, SideTensor, recording, side_stream_rule
-from verl_npu_autopatch.spec import Verdict
 
 SAMPLER = "vllm_ascend.sample.sampler"
 PARAMS = ("probs", "generators")

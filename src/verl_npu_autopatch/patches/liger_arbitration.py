@@ -27,14 +27,28 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.handover import HandOver
-from verl_npu_autopatch.ownership import lookup
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    ComputedSites,
+    HandOver,
+    Patch,
+    Site,
+    Target,
+    Undo,
+    Verdict,
+    chain,
+    marked_by,
+    parameter_names,
+    set_entry,
+    set_marked,
+    signature_text,
+    unsupported,
+)
+from verl_npu_autopatch.authoring import definition as parsed_definition
+from verl_npu_autopatch.engine.ownership import lookup
 from verl_npu_autopatch.patches.transformers_npu.models import MODELS, kinds, patch_name
 from verl_npu_autopatch.patches.transformers_npu.owners import from_package
 from verl_npu_autopatch.patches.transformers_npu.table import KERNELS
-from verl_npu_autopatch.patching import chain, marked_by, parameter_names, set_entry, set_marked, signature_text
-from verl_npu_autopatch.patching import definition as parsed_definition
-from verl_npu_autopatch.spec import APPLY, ComputedSites, Patch, Site, Target, Undo, Verdict, unsupported
 
 NAME = "liger.arbitration"
 MODULE = "liger_kernel.transformers.monkey_patch"

@@ -33,10 +33,21 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import wrapping_fix
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree, definition_defaults
-from verl_npu_autopatch.patching import parameter_defaults
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    UpstreamTree,
+    Verdict,
+    definition_defaults,
+    fixed_upstream,
+    parameter_defaults,
+    unsupported,
+    wrapping_fix,
+)
 
 MODULE = "megatron.core.dist_checkpointing.strategies.filesystem_async"
 TORCH_MODULE = "torch.distributed.checkpoint.filesystem"

@@ -27,10 +27,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, around, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.patching import signature_text
-from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    RECIPE,
+    Code,
+    Verdict,
+    around,
+    decides,
+    fixed_upstream,
+    signature_text,
+    unsupported,
+    wrapping_patch,
+)
 
 MODULE = "megatron.core.transformer.module"
 BUFFER = "expert_bias"

@@ -27,10 +27,20 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, copied_into, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
-from verl_npu_autopatch.patching import signature_text
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    RECIPE,
+    Code,
+    Site,
+    UpstreamTree,
+    Verdict,
+    copied_into,
+    decides,
+    fixed_upstream,
+    signature_text,
+    unsupported,
+    wrapping_patch,
+)
 
 MODULE = "megatron.core.transformer.transformer_layer"
 FUNCTION = "get_transformer_layer_offset"

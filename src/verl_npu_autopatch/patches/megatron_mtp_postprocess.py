@@ -16,10 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    Verdict,
+    around,
+    decides,
+    fixed_upstream,
+    unsupported,
+    wrapping_patch,
+)
 from verl_npu_autopatch.patches._verl import yield_to_verl
-from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
 
 GPT = "megatron.core.models.gpt.gpt_model"
 TRUTHY = "ifself.config.mtp_num_layers:"

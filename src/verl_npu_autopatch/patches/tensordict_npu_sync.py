@@ -15,10 +15,19 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    ModuleSource,
+    Site,
+    UpstreamTree,
+    Verdict,
+    decides,
+    fixed_upstream,
+    unsupported,
+    wrapping_patch,
+)
 from verl_npu_autopatch.patches._verl import yield_to_verl
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
 
 BASE = "tensordict.base"
 #: Where newer releases define ``_sync_all`` (a mixin ``TensorDictBase`` inherits from).

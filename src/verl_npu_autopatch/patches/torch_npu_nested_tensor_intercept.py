@@ -26,9 +26,23 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import ModuleSource, UpstreamTree
-from verl_npu_autopatch.patching import chain, marked_by, set_marked, signature_of
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    ModuleSource,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    UpstreamTree,
+    Verdict,
+    chain,
+    fixed_upstream,
+    marked_by,
+    set_marked,
+    signature_of,
+    unsupported,
+)
 
 NAME = "torch_npu.nested_tensor_intercept"
 INTERCEPT = "torch_npu.utils.npu_intercept"

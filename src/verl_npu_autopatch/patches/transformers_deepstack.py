@@ -17,10 +17,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import around, code_check, wrapping_fix
-from verl_npu_autopatch.patches._fingerprints import Code, takes
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    Patch,
+    Target,
+    Verdict,
+    around,
+    code_check,
+    fixed_upstream,
+    takes,
+    unsupported,
+    wrapping_fix,
+)
 from verl_npu_autopatch.patches._verl import yield_to_verl
-from verl_npu_autopatch.spec import APPLY, Patch, Target, Verdict, fixed_upstream, unsupported
 
 REFERENCE = "https://github.com/verl-project/verl/issues/5498"
 PARAMS = ("self", "hidden_states", "visual_pos_masks", "visual_embeds")

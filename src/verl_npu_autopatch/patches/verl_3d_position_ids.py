@@ -27,9 +27,16 @@ import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
-from verl_npu_autopatch.patches._family import decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Site, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    Site,
+    Verdict,
+    decides,
+    fixed_upstream,
+    unsupported,
+    wrapping_patch,
+)
 
 MODULE = "verl.utils.tensordict_utils"
 FUNCTION = "maybe_fix_3d_position_ids"

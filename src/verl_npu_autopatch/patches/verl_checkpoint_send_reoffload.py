@@ -22,9 +22,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    Verdict,
+    around,
+    decides,
+    fixed_upstream,
+    unsupported,
+    wrapping_patch,
+)
 
 MODULE = "verl.workers.engine_workers"
 SEND = "awaitself.checkpoint_engine.send_weights(per_tensor_param"

@@ -27,12 +27,22 @@ import importlib
 import sys
 from typing import Any
 
-from verl_npu_autopatch import _logging
-from verl_npu_autopatch.handover import HandOver
-from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    HandOver,
+    Patch,
+    Site,
+    Target,
+    Undo,
+    Verdict,
+    marked_by,
+    replace_method,
+    signature_text,
+    unsupported,
+)
+from verl_npu_autopatch.engine import log
 from verl_npu_autopatch.patches._verl import PATCH_MODULE, verl_owned
-from verl_npu_autopatch.patching import marked_by, replace_method, signature_text
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
 NAME = "verl.defer_duplicates"
 ROTARY_PATCH = "vllm.rotary_flash_attn_guard"
@@ -79,7 +89,7 @@ def _fix(site: Site) -> Undo:
             if kept_by is None:
                 return original(*args, **kwargs)
             text = f"verl's patch_vllm013_rotary_emb skipped: ApplyRotaryEmb.__init__ stays with {kept_by}"
-            _logging.logger().info("%s: %s", name, text)
+            log.logger().info("%s: %s", name, text)
             if engine is not None:
                 engine.note(name, text)
             return None

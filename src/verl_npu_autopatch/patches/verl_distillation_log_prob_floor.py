@@ -27,10 +27,21 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from verl_npu_autopatch.patches._family import decides, rule_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.patching import chain, replace_method, set_entry
-from verl_npu_autopatch.spec import APPLY, ComputedSites, Site, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    ComputedSites,
+    Site,
+    Undo,
+    Verdict,
+    chain,
+    decides,
+    fixed_upstream,
+    replace_method,
+    rule_patch,
+    set_entry,
+    unsupported,
+)
 
 MODULE = "verl.trainer.distillation.losses"
 FUNCTION = "compute_distillation_loss_reverse_kl_estimator"

@@ -26,9 +26,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from verl_npu_autopatch.patches._family import around, decides, wrapping_patch
-from verl_npu_autopatch.patches._fingerprints import Code
-from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    Verdict,
+    around,
+    decides,
+    fixed_upstream,
+    unsupported,
+    wrapping_patch,
+)
 
 MODULE = "verl.utils.device"
 VARIABLE = "ASCEND_VISIBLE_DEVICES"

@@ -21,10 +21,23 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Code,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    UpstreamTree,
+    Verdict,
+    chain,
+    fixed_upstream,
+    replace_method,
+    signature_text,
+    unsupported,
+)
 from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, yield_to_verl
-from verl_npu_autopatch.patching import chain, replace_method, signature_text
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Undo, Verdict, fixed_upstream, unsupported
 
 CORE = "vllm.v1.engine.core"
 WAKE_PARAMS = ("self", "tags")

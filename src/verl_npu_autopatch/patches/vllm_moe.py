@@ -41,11 +41,23 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from verl_npu_autopatch import _logging
-from verl_npu_autopatch.patches._fingerprints import UpstreamTree
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    UpstreamTree,
+    Verdict,
+    describe,
+    parameter_names,
+    replace_method,
+    signature_text,
+    unsupported,
+)
+from verl_npu_autopatch.engine import log
 from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, claim, over_verl, peel
-from verl_npu_autopatch.patching import describe, parameter_names, replace_method, signature_text
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Undo, Verdict, unsupported
 
 #: The parameter names the wrapper is written for (identical in vLLM 0.13 ... 0.33).
 #: Where the loader lives: the first variant present wins (see above).
@@ -65,7 +77,7 @@ def _log_ambiguous(layer: Any, shape: Any, shard_id: str, hidden: int) -> None:
     if _ambiguity_logged:
         return
     _ambiguity_logged = True
-    _logging.logger().debug(
+    log.logger().debug(
         "vllm.moe_weight_loader: %s param of shape %s in %s is square in its last two dims "
         "(hidden_size=%d), so checkpoint and runtime layouts look alike; layout left untouched "
         "(logged once per process)",

@@ -44,19 +44,27 @@ import ast
 import functools
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import UpstreamTree
-from verl_npu_autopatch.patches._verl import verl_owned
-from verl_npu_autopatch.patching import (
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    UpstreamTree,
+    Verdict,
     definition,
     describe,
+    fixed_upstream,
     replace_method,
     signature_from_ast,
     signature_of,
     signature_text,
     statements,
     underlying,
+    unsupported,
 )
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Target, Undo, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.patches._verl import verl_owned
 
 TARGET = Target.parse("vllm.model_executor.layers.rotary_embedding.common:ApplyRotaryEmb.__init__")
 #: The upstream signature the replacement reproduces (unchanged in vLLM 0.13 ... 0.33).

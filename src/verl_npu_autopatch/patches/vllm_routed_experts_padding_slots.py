@@ -24,9 +24,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patches._family import RECIPE, around, code_check, decides, module_file, wrapping_fix
-from verl_npu_autopatch.patches._fingerprints import Code, UpstreamTree
-from verl_npu_autopatch.spec import APPLY, Patch, Site, StaticRule, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import (
+    APPLY,
+    RECIPE,
+    Code,
+    Patch,
+    Site,
+    StaticRule,
+    UpstreamTree,
+    Verdict,
+    around,
+    code_check,
+    decides,
+    fixed_upstream,
+    module_file,
+    unsupported,
+    wrapping_fix,
+)
 
 CAPTURER = "vllm.model_executor.layers.fused_moe.routed_experts_capturer"
 METHOD = "RoutedExpertsManager.store_batch"

@@ -8,8 +8,8 @@ import os
 import sys
 
 from tests.hf import npu_emulation
-from verl_npu_autopatch._config import Config
-from verl_npu_autopatch.engine import Engine
+from verl_npu_autopatch.engine.config import Config
+from verl_npu_autopatch.engine.lifecycle import Engine
 from verl_npu_autopatch.patches import transformers_npu
 
 sys.modules["torch_npu"] = npu_emulation

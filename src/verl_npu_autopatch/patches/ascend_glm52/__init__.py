@@ -60,7 +60,18 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from verl_npu_autopatch.patches._fingerprints import Code
+from verl_npu_autopatch.authoring import (
+    Code,
+    Patch,
+    Site,
+    StaticRule,
+    Target,
+    Undo,
+    Verdict,
+    chain,
+    replace_method,
+    set_marked,
+)
 from verl_npu_autopatch.patches._verl import GLM52_MARKER, claim, over_verl, peel, yield_to_verl
 from verl_npu_autopatch.patches.ascend_glm52.rules import (
     DEVICE_OP_FILE,
@@ -76,8 +87,6 @@ from verl_npu_autopatch.patches.ascend_glm52.rules import (
     rms_norm_rule,
 )
 from verl_npu_autopatch.patches.ascend_glm52.static import static_indexer, static_kv_b_proj, static_rms_norm
-from verl_npu_autopatch.patching import chain, replace_method, set_marked
-from verl_npu_autopatch.spec import Patch, Site, StaticRule, Target, Undo, Verdict
 
 GROUPS = ("glm52", "ascend")
 REFERENCE = "https://github.com/verl-project/verl/pull/7779"

@@ -5,9 +5,7 @@ release's source, so both decide with the one implementation."""
 
 from __future__ import annotations
 
-from verl_npu_autopatch.patches._fingerprints import Code, takes
-from verl_npu_autopatch.patching import signature_text
-from verl_npu_autopatch.spec import APPLY, Verdict, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring import APPLY, Code, Verdict, fixed_upstream, signature_text, takes, unsupported
 
 LAYERNORM = "vllm_ascend.ops.layernorm"
 SFA = "vllm_ascend.attention.sfa_v1"

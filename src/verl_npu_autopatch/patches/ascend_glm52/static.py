@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 
-from verl_npu_autopatch.patches._fingerprints import Code, ModuleSource, UpstreamTree
+from verl_npu_autopatch.authoring import Code, ModuleSource, UpstreamTree, Verdict, unsupported
 from verl_npu_autopatch.patches.ascend_glm52.rules import (
     DEVICE_OP,
     INDEXER,
@@ -18,7 +18,6 @@ from verl_npu_autopatch.patches.ascend_glm52.rules import (
     kv_b_proj_rule,
     rms_norm_rule,
 )
-from verl_npu_autopatch.spec import Verdict, unsupported
 
 PLACEHOLDER_NOTE = (
     "attention/indexer.py here is a cache-layer placeholder (no AscendSFAIndexerBackend.forward); "

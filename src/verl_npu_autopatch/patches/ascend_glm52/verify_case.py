@@ -5,8 +5,8 @@ RMSNorm) against the release's method it wraps (the fused add-RMSNorm).
 The layer is built by its own constructor inside a vLLM config context (``AscendRMSNorm.__init__``
 reads the current config, as vLLM's ``CustomOp`` does); both callables get the same layer, hidden
 states and residual. Inference code: compared forward only (both outputs, the normed states and
-the new residual), without autograd. Imported by :mod:`verl_npu_autopatch.verify` only (what a
-case is: ``patches._verify_case``).
+the new residual), without autograd. Imported by :mod:`verl_npu_autopatch.cli.verify` only (what a
+case is: ``authoring.verify_case``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from verl_npu_autopatch.patches._verify_case import B, Call, Case, H, S, Unverifiable, placed, replaced, resolve
+from verl_npu_autopatch.authoring.verify_case import B, Call, Case, H, S, Unverifiable, placed, replaced, resolve
 
 #: Tokens of the tiny batch (vLLM flattens batch and sequence).
 TOKENS = B * S

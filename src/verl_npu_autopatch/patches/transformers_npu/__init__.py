@@ -29,6 +29,7 @@ Within the package its modules import each other by their full name, never throu
 
 from __future__ import annotations
 
+from verl_npu_autopatch.authoring import Patch
 from verl_npu_autopatch.patches.transformers_npu.models import GROUP, MODELS, REFERENCE, kinds, module_name, patch_name
 from verl_npu_autopatch.patches.transformers_npu.owners import from_package, liger_owner, shared_owner, verl_owner
 from verl_npu_autopatch.patches.transformers_npu.probes import (
@@ -38,7 +39,6 @@ from verl_npu_autopatch.patches.transformers_npu.probes import (
     hub_function,
 )
 from verl_npu_autopatch.patches.transformers_npu.table import KERNELS, Kernel, family_patches, probe
-from verl_npu_autopatch.spec import Patch
 
 __all__ = [
     "GROUP",

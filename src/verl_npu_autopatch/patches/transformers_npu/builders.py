@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_npu_autopatch.patching import set_marked
-from verl_npu_autopatch.spec import Site, Undo
+from verl_npu_autopatch.authoring import Site, Undo, set_marked
 
 Replacement = Callable[[Any, Any, dict[str, Any]], Any]
 

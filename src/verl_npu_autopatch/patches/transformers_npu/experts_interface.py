@@ -36,10 +36,9 @@ from collections import Counter
 from typing import Any
 
 import verl_npu_autopatch.patches.transformers_npu.kernels as kernels
-from verl_npu_autopatch.ownership import reached_through_target
+from verl_npu_autopatch.authoring import ABSENT, Undo, mark, set_attribute
+from verl_npu_autopatch.engine.ownership import reached_through_target
 from verl_npu_autopatch.patches.transformers_npu.probes import EXPERTS_NAME, default_hook_owner, dispatcher_interface
-from verl_npu_autopatch.patching import ABSENT, mark, set_attribute
-from verl_npu_autopatch.spec import Undo
 
 #: The name our kernel is registered under in transformers' ``ExpertsInterface``.
 NAME = EXPERTS_NAME

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from verl_npu_autopatch.authoring import Site, describe, marked_by, underlying
 from verl_npu_autopatch.patches._verl import from_verl
 from verl_npu_autopatch.patches.transformers_npu.models import GROUP
-from verl_npu_autopatch.patching import describe, marked_by, underlying
-from verl_npu_autopatch.spec import Site
 
 
 def _module_of(obj: Any) -> str:

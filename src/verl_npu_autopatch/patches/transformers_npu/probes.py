@@ -9,8 +9,14 @@ import re
 import sys
 from typing import Any
 
-from verl_npu_autopatch.patching import normalized_source, parameter_names, signature_text, underlying
-from verl_npu_autopatch.spec import ComputedSites, Site
+from verl_npu_autopatch.authoring import (
+    ComputedSites,
+    Site,
+    normalized_source,
+    parameter_names,
+    signature_text,
+    underlying,
+)
 
 #: The name our experts kernel is registered under in transformers' ``ExpertsInterface``.
 EXPERTS_NAME = "npu_grouped_mm"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from verl_npu_autopatch.authoring import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 from verl_npu_autopatch.patches.transformers_npu.builders import build_experts, replacing
 from verl_npu_autopatch.patches.transformers_npu.models import (
     GROUP,
@@ -31,7 +32,6 @@ from verl_npu_autopatch.patches.transformers_npu.probes import (
     probe_rms_norm_gated,
     probe_rotary,
 )
-from verl_npu_autopatch.spec import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
 
 
 @dataclass(frozen=True)

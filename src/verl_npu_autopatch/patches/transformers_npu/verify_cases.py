@@ -1,12 +1,12 @@
 """The tiny inputs of ``doctor --verify`` for the transformers kernels: for one applied kernel
 patch, its patched and its upstream (pre-patch) callable, and a builder of one call's arguments
-in a dtype on a device (what a case is: ``patches._verify_case``).
+in a dtype on a device (what a case is: ``authoring.verify_case``).
 
 The upstream callable is the one the replacement wraps (``functools.wraps`` keeps it as
 ``__wrapped__``); behind transformers' experts dispatcher it is the eager forward the dispatcher
 wraps, and the patched one is our registered implementation. Instances are built small: norms
 by their own constructor, MLPs as a bare module holding the three projections the forward reads,
-experts and MoE blocks from a tiny config. Imported by :mod:`verl_npu_autopatch.verify` only.
+experts and MoE blocks from a tiny config. Imported by :mod:`verl_npu_autopatch.cli.verify` only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from verl_npu_autopatch.patches._verify_case import (
+from verl_npu_autopatch.authoring import normalized_source
+from verl_npu_autopatch.authoring.verify_case import (
     FF,
     HEADS,
     KV,
@@ -34,7 +35,6 @@ from verl_npu_autopatch.patches._verify_case import (
     replaced,
     resolve,
 )
-from verl_npu_autopatch.patching import normalized_source
 
 
 def _pair(name: str, owner: Any, value: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:

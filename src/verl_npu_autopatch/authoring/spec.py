@@ -1,0 +1,237 @@
+"""The declarative patch spec: everything a patch touches, when it may run, how it checks and fixes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from verl_npu_autopatch.authoring.handover import HandOver
+
+__all__ = [
+    "APPLY",
+    "ComputedSites",
+    "Device",
+    "Patch",
+    "Site",
+    "StaticRule",
+    "Target",
+    "Undo",
+    "Verdict",
+    "fixed_upstream",
+    "unsupported",
+]
+
+#: Undoes a fix. Returned by every ``fix``.
+Undo = Callable[[], None]
+
+#: Device requirement of a patch.
+#: ``npu-stack``: torch_npu is installed; ``npu-device``: an NPU is visible (checked lazily, at
+#: the target's import); ``any``: no requirement. ``VERL_NPU_AUTOPATCH_DEVICE=npu`` passes all.
+Device = Literal["npu-stack", "npu-device", "any"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One place a patch applies to: ``module:qualname``, optionally only for some versions.
+
+    ``requires`` holds distribution specifiers (``"vllm>=0.24"``) that must hold for this variant
+    to be considered; a patch with several variants uses the first one found in the live module.
+    """
+
+    module: str
+    qualname: str
+    requires: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str, *requires: str) -> Target:
+        """``Target.parse("pkg.mod:Cls.meth", "vllm>=0.24")``."""
+        module, sep, qualname = text.partition(":")
+        if not sep or not module or not qualname:
+            raise ValueError(f"target must look like 'package.module:Qualified.name', got {text!r}")
+        return cls(module, qualname, tuple(requires))
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a patch's ``check`` decided about the live target."""
+
+    action: Literal["apply", "fixed-upstream", "unsupported"]
+    reason: str = ""
+
+
+APPLY = Verdict("apply")
+
+
+def fixed_upstream(reason: str) -> Verdict:
+    """The installed upstream code already contains the fix; ``reason`` says how we know."""
+    return Verdict("fixed-upstream", reason)
+
+
+def unsupported(expected: str, found: str) -> Verdict:
+    """The live target does not look like the code the fix was written for."""
+    return Verdict("unsupported", f"expected {expected}; found {found}")
+
+
+@dataclass(frozen=True)
+class StaticRule:
+    """A patch's decision on a release's source, read and never executed (``scripts/compat-matrix``).
+
+    ``decide(tree)`` takes an ``UpstreamTree`` (``patches/_fingerprints.py``) and returns the
+    ``Verdict`` the live ``check`` would; ``reads`` names the upstream files it reads, as laid out in
+    the installed packages (``"vllm/v1/engine/core.py"``); ``note(tree)`` optionally adds what a
+    user needs to know about a release whatever the state (or returns ``None``). ``also`` holds
+    the rules over another project's files the live check consults as well (torch's own code, for a
+    patch of megatron-core or torch_npu): the table decides each on that project's releases.
+    """
+
+    decide: Callable[[Any], Verdict]
+    reads: tuple[str, ...]
+    note: Callable[[Any], str | None] | None = None
+    also: tuple[StaticRule, ...] = ()
+
+    def rules(self) -> tuple[StaticRule, ...]:
+        """This rule, then every rule of ``also``."""
+        return (self, *self.also)
+
+    def __post_init__(self) -> None:
+        if not self.reads or any(not f.endswith(".py") or f.startswith("/") for f in self.reads):
+            raise ValueError(f"StaticRule.reads must name upstream .py files by relative path, got {self.reads!r}")
+
+
+@dataclass(frozen=True)
+class ComputedSites:
+    """A family of further sites a fix changes, known only from the live module: ``find(module)``
+    names them in ``module`` (the imported module called ``module``), each an attribute path
+    (``"apply_liger_kernel_to_qwen3"``) or a dict entry (``"MODEL_TYPE_TO_APPLY_LIGER_FN[qwen3]"``);
+    ``pattern`` is how ``list``, ``status`` and docs/patches.md show the family."""
+
+    module: str
+    pattern: str
+    find: Callable[[ModuleType], tuple[str, ...]]
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.pattern}"
+
+
+@dataclass(frozen=True)
+class Site:
+    """The live target a patch is about to check and fix.
+
+    ``owner`` holds the attribute named ``attribute`` (a class or the module itself); ``value`` is
+    the raw attribute as stored on the owner (so a ``staticmethod`` object stays one),
+    ``versions`` maps the distributions the patch gates on to their installed versions, and
+    ``engine`` is the engine applying the patch (for fixes that arbitrate with other patches).
+    """
+
+    patch: Patch
+    target: Target
+    module: ModuleType
+    owner: Any
+    attribute: str
+    value: Any
+    versions: dict[str, str | None] = field(default_factory=dict)
+    engine: HandOver | None = None
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A runtime fix and everything the engine needs to decide whether and where to apply it.
+
+    ``check(site)`` inspects the live target and returns ``APPLY``, ``fixed_upstream(...)`` or
+    ``unsupported(...)``; ``fix(site)`` applies the fix and returns an ``Undo``. ``yields_to``
+    holds detectors returning the name of another owner of the target (e.g. Liger-Kernel), or
+    ``None``; a patch whose target is owned elsewhere records ``yielded`` and stays off.
+    ``via`` names enclosing callables the target is only reached through (experts through the
+    MoE block's forward): when another owner holds one of them, our fix does not run, so the
+    record is ``yielded`` (owner recognised by a detector) or ``superseded`` (unknown owner).
+
+    Everything else the patch touches is declared too, so ``status`` and ``docs/patches.md`` show
+    it: ``triggers`` are places whose import runs the patch but which it does not change (the
+    engine hooks and resolves the ``Site`` on them instead of on ``targets``; e.g. a package's
+    ``__file__``); ``secondary`` are further attributes the fix replaces besides the target,
+    ``computed`` further families of them found in the live module (:class:`ComputedSites`);
+    ``copies`` names packages whose modules may hold copies of a module-level target taken with
+    ``from ... import`` before the fix: the engine rebinds each to the fix's value, declares them
+    as sites and restores them on revert (``_copies``). ``stale`` is for a patch whose targets
+    another owner replaced (vllm-ascend rebinding vLLM's ``FusedMoE``): it returns, for each target
+    so replaced, the value it held before, which copies taken earlier still hold; the engine
+    rebinds those copies to the target's live value (the fix then changes nothing else, and the
+    targets are the copies' sources, not sites). ``static`` is its rule on a release's source for
+    the decision table. ``in_place(site)``, for a fix that installs elsewhere than its target
+    (``computed`` sites) and leaves no mark there, says whether it is live for ``site`` already:
+    deciding again is then ``already in place``, as for a target holding our marked value.
+
+    ``defined_at`` (``path.py:line``, shown by ``list --json`` and ``status --all``) is filled in
+    when the patch is made: the line of the family (or plugin) that made it, past the helpers in
+    ``patches/_*.py`` that build patches for families.
+    """
+
+    name: str
+    summary: str
+    targets: tuple[Target, ...]
+    fix: Callable[[Site], Undo]
+    check: Callable[[Site], Verdict] | None = None
+    groups: tuple[str, ...] = ()
+    reference: str = ""
+    requires: tuple[str, ...] = ()
+    device: Device = "npu-stack"
+    default: bool = True
+    yields_to: tuple[Callable[[Site], str | None], ...] = ()
+    via: tuple[Target, ...] = ()
+    triggers: tuple[Target, ...] = ()
+    secondary: tuple[Target, ...] = ()
+    computed: tuple[ComputedSites, ...] = ()
+    copies: tuple[str, ...] = ()
+    stale: Callable[[], dict[Target, Any]] | None = None
+    static: StaticRule | None = None
+    in_place: Callable[[Site], bool] | None = None
+    defined_at: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or " " in self.name:
+            raise ValueError(f"patch name must be a dotted word, got {self.name!r}")
+        if not self.targets:
+            raise ValueError(f"patch {self.name} has no targets")
+        if self.copies and any("." in t.qualname for t in self.targets):
+            raise ValueError(f"patch {self.name}: copies are rebound for module-level targets only")
+        if self.stale is not None and not self.copies:
+            raise ValueError(f"patch {self.name}: stale values are declared for copies only")
+        if self.device not in ("npu-stack", "npu-device", "any"):
+            raise ValueError(f"patch {self.name}: unknown device requirement {self.device!r}")
+        if not self.defined_at:
+            object.__setattr__(self, "defined_at", _maker())
+
+    @property
+    def hooks(self) -> tuple[Target, ...]:
+        """Where the engine hooks and resolves the site, in variant order: the triggers when the
+        patch declares any, else its targets."""
+        return self.triggers or self.targets
+
+    def touches(self) -> tuple[Target, ...]:
+        """Every place the patch declares: hooks first, then targets and secondary sites."""
+        return tuple(dict.fromkeys((*self.triggers, *self.targets, *self.secondary)))
+
+
+def _maker() -> str:
+    """``path.py:line`` of the code making a :class:`Patch` (the first frame outside this module
+    and the ``patches/_*.py`` helpers), the path as deep as its module's dotted name."""
+    frame = sys._getframe(2)  # _maker <- __post_init__ <- the dataclass __init__
+    while frame.f_back is not None and _builder(frame.f_globals.get("__name__") or ""):
+        frame = frame.f_back
+    path = frame.f_code.co_filename.replace("\\", "/").split("/")
+    name = frame.f_globals.get("__name__") or ""
+    depth = name.count(".") + 1 + (path[-1] == "__init__.py")
+    return f"{'/'.join(path[-depth:])}:{frame.f_lineno}"
+
+
+def _builder(module: str) -> bool:
+    """Whether ``module`` makes patches for others: the authoring kit or a family helper
+    (``verl_npu_autopatch.patches._*``)."""
+    return module.startswith(("verl_npu_autopatch.authoring.", "verl_npu_autopatch.patches._"))

@@ -1,0 +1,148 @@
+"""What the start-up observer does once a watched package starts loading, unless the start-up
+module found the host plainly inactive: decide from the configuration whether this host is inactive,
+guard other threads' imports while the engine activates, activate it, and patch the package
+itself. Imported by the activating loader of the start-up module (outside the interpreter's
+global import lock), named by its ``WORK`` rather than imported (the start-up module is the bottom
+layer); it wakes the engine. Standard library only, light.
+
+While the engine activates, the observer *guards* imports (``Observer.guard``): every watched package
+and every submodule of a watched (or target) package that another thread imports waits in its
+loader until the hooks are registered, and is patched as it finishes loading. So no target import
+completes unpatched once activation has begun. The observer leaves ``sys.meta_path`` when
+activation is over (see docs/internals.md, "Activation and threads").
+"""
+
+import _thread
+import os
+import sys
+
+from verl_npu_autopatch.bootstrap.startup import NAME, OBSERVER, WATCHED, activating, real_spec, unframed
+from verl_npu_autopatch.engine.config import read_config
+from verl_npu_autopatch.engine.environment import device_decision
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
+    from verl_npu_autopatch.bootstrap.startup import Observer as StartupObserver
+
+
+def inactive_here() -> bool:
+    """The engine has nothing to do in this process: the configuration's device decision, made
+    without the engine. A configuration with warnings goes to the engine, which logs them, and so
+    does a set ``VERL_NPU_AUTOPATCH_LOG`` (the engine logs why it stays inactive)."""
+    config = read_config()
+    if config.warnings or os.environ.get("VERL_NPU_AUTOPATCH_LOG", "").strip():
+        return False
+    return bool(device_decision(config)[1])
+
+
+def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
+    """``create_module`` of an activating loader. For a watched package the decision is made
+    here, before the module is visible in ``sys.modules``: from then on other threads' imports
+    are guarded, so none of the package's submodules can be imported past the engine while it
+    loads."""
+    if loader.waits_for is None:
+        try:
+            if OBSERVER.engine is not None and OBSERVER.engine.too_deep():
+                loader.inactive = True  # where an activation ran out of stack: untouched, still resuming
+            else:
+                loader.inactive = inactive_here()
+                OBSERVER.fall_inactive(spec.name) if loader.inactive else OBSERVER.wake(spec.name)
+        except Exception:  # the decision is retried by exec_module (engine.activate); the import must go on
+            pass
+    create = getattr(loader.loader, "create_module", None)
+    return create(spec) if create is not None else None
+
+
+def exec_module(loader: "Any", module: "ModuleType") -> None:
+    """``exec_module`` of an activating loader on a host that is not inactive: activate the engine
+    (or wait for an activation under way in another thread), run the real loader, then let the
+    engine patch the module itself (wrapt never saw this import). If the module raises, the
+    engine hooks its next import, and this frame leaves the traceback (3.11+)."""
+    module.__loader__ = loader.loader
+    spec = getattr(module, "__spec__", None)
+    if spec is not None:
+        spec.loader = loader.loader
+    engine: ModuleType | None = None
+    try:
+        from verl_npu_autopatch.engine import lifecycle as imported
+
+        imported.activate(trigger=loader.waits_for or module.__name__)
+        engine = imported
+    except Exception as exc:  # the engine records its own failures; never break the import
+        if _strict(exc):  # strict mode: raise at the watched import
+            raise
+        engine = None
+        OBSERVER.retire()  # e.g. an unimportable engine: do not hold other imports up
+    try:
+        loader.loader.exec_module(module)
+    except BaseException as exc:  # the import fails: a retry must still be patched
+        if engine is not None:
+            try:
+                engine.engine().module_failed(module)
+            except Exception:  # the import's own exception is what the user must see
+                pass
+        unframed(exc, exec_module.__code__)
+        raise
+    if engine is not None:
+        try:
+            engine.engine().module_loaded(module)
+        except Exception as exc:  # recorded and logged by the engine; outside strict mode the import succeeds
+            if _strict(exc):  # strict mode: raise at the target's import
+                raise
+
+
+def _strict(exc: BaseException) -> bool:
+    """Whether ``exc`` is strict mode's ``PatchError``, caught by type: the engine module defines
+    it and is loaded whenever the engine could have raised one (this module never imports it
+    at start-up)."""
+    engine = sys.modules.get("verl_npu_autopatch.engine.lifecycle")
+    return engine is not None and isinstance(exc, engine.PatchError)
+
+
+def held(observer: "StartupObserver", fullname: str, path: "Any", target: "Any") -> "ModuleSpec | None":
+    """The guarding (or resuming) observer's answer for a name outside the watched packages.
+    Resuming, a module of a watched package gets an activating loader. Guarding, for threads other
+    than the activating one, the modules of the gated packages (the watched ones and the other
+    target packages) or, while the catalog is not loaded yet (``gated is None``), every module
+    outside the standard library and this package get a loader that waits for the activation to
+    end before the module executes."""
+    top = fullname.partition(".")[0]
+    if observer.mode != "guarding":  # resuming: an activation was abandoned; a watched package's module activates
+        spec = real_spec(fullname, path, target) if observer.mode == "resuming" and top in WATCHED else None
+        return None if spec is None else activating(spec, None)
+    gated = observer.gated
+    is_held = top in gated if gated is not None else top not in ("verl_npu_autopatch", NAME)
+    if is_held and _thread.get_ident() != observer.activator:
+        spec = real_spec(fullname, path, target)
+        if spec is not None and (gated is not None or not _standard_library(spec)):
+            return activating(spec, observer.trigger or fullname)
+    return None
+
+
+def _standard_library(spec: "ModuleSpec") -> bool:
+    """Whether ``spec`` is a built-in, frozen or standard-library module (never held up: the
+    activating thread imports such modules)."""
+    origin = spec.origin or ""
+    if origin in ("built-in", "frozen") or type(spec.loader).__name__ in ("BuiltinImporter", "FrozenImporter"):
+        return True
+    stdlib = os.path.dirname(os.__file__) + os.sep
+    return origin.startswith(stdlib) and "-packages" not in origin
+
+
+def after_fork_in_child() -> None:
+    """The child of ``os.fork()`` made while another thread activates: that thread is not
+    here, so its activation (the engine's locks, the guarding observer) is abandoned: the child
+    imports freely and its next watched import, or ``activate()``, activates."""
+    try:
+        engine = sys.modules.get("verl_npu_autopatch.engine.lifecycle")
+        if engine is not None:
+            engine.engine().after_fork()
+        if OBSERVER.mode == "guarding" and OBSERVER.activator != _thread.get_ident():  # the engine's part was done
+            status = "not-activated" if engine is None else engine.engine().status
+            OBSERVER.observe_again(True) if status == "not-activated" else OBSERVER.retire()
+    except Exception:  # a fork handler must not raise in the child; it then imports unguarded
+        pass

@@ -1,0 +1,439 @@
+"""The start-up module and its :data:`OBSERVER` (docs/internals.md, "How it works"). Nothing imports it
+at interpreter start: the ``.pth`` line (``_pth_line``) puts a placeholder on ``sys.meta_path``, and
+the first watched name imports this module, as ``_verl_npu_autopatch_startup`` (the wheel's root
+copy of this file), holding the global import lock, and calls :func:`take_over`; the PEP 829
+``.start`` file calls :func:`install_observer`. One module object per process, under both names:
+the root module registers itself under the package's name, or the package's copy, imported first, under the root's.
+Standard library only (modules already loaded); never raises, prints or writes. A watched package
+gets an :class:`ActivatingLoader`: on a plainly inactive host (:func:`plainly_inactive`) it loads
+untouched, with nothing imported; otherwise the loader's work (``_activation``) is imported then.
+"""
+
+import os
+import sys
+from _thread import get_ident
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # without importing typing at run time
+    from collections.abc import Iterable, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any, Literal
+
+    Mode = Literal["placeholder", "observing", "guarding", "resuming", "watching", "retired"]
+
+#: Top-level packages whose first import activates the engine. ``tests`` check that every
+#: built-in patch target lives under one of these; the ``.pth`` line is rendered from it.
+WATCHED = frozenset(
+    {"vllm", "vllm_ascend", "transformers", "liger_kernel", "verl", "tensordict", "torch_npu", "megatron"}
+)
+
+#: The module the activating loader hands its work to (``create_module``, ``exec_module``, the
+#: guarding rule ``held``, the fork handler), named, never imported by an import statement: this is
+#: the bottom layer (the ``.pth`` line names it the same way), and nothing of the package is loaded
+#: until a watched import needs it. ``tests/unit/test_layout.py`` checks the name.
+WORK = "verl_npu_autopatch.bootstrap.activation"
+
+#: The on/off words of every boolean variable (any case, surrounding spaces ignored).
+TRUE = frozenset({"1", "true", "yes", "on", "y", "t", "enable", "enabled"})
+FALSE = frozenset({"0", "false", "no", "off", "n", "f", "disable", "disabled", "none", "never"})
+
+#: The name this module is loaded under (also, if imported first, the package's copy of the file).
+NAME = "_verl_npu_autopatch_startup"
+
+#: Marks the start-up line's placeholders on ``sys.meta_path``: one each time ``site`` reads the
+#: ``.pth`` (twice in a venv, cpython#75723); :func:`take_over` replaces the first, drops the rest.
+PLACEHOLDER = "verl_npu_autopatch_placeholder"
+
+#: Variables that can make a host without ``torch_npu`` act, or make the configuration warn, whatever
+#: their value; the on/off switches among them only when their value is not understood (:data:`SWITCHES`).
+DECIDING = ("VERL_NPU_AUTOPATCH_DEVICE", "VERL_NPU_AUTOPATCH_LOG")
+SWITCHES = ("VERL_NPU_AUTOPATCH", "VERL_NPU_AUTOPATCH_STRICT", "VERL_VLLM_ASCEND_GLM52_PATCH")
+
+
+def flag(raw):
+    """``True`` / ``False`` for an on/off word, ``None`` for anything else: the one parser of every switch."""
+    value = raw.strip().lower()
+    return True if value in TRUE else False if value in FALSE else None
+
+
+def switched_off():
+    """``VERL_NPU_AUTOPATCH`` says off (``0``, ``false``, ``no``, ``off``, ``none``, ... any case)."""
+    return flag(os.environ.get("VERL_NPU_AUTOPATCH", "")) is False
+
+
+def findable(name):
+    """Whether top-level module ``name`` could be imported, asking the meta-path finders directly
+    (``importlib.util.find_spec`` without importing ``importlib.util``; nothing is executed), but
+    our own start-up hooks: a look-up is not an import to observe."""
+    if name in sys.modules:
+        return True
+    for finder in list(sys.meta_path):
+        find = getattr(finder, "find_spec", None)
+        if find is None or is_hook(finder):
+            continue
+        try:
+            if find(name, None) is not None:
+                return True
+        except Exception:  # a finder that raises cannot answer; the next one is asked
+            continue
+    return False
+
+
+def npu_stack_installed():
+    """The Ascend software stack is present: ``torch_npu`` can be found."""
+    return findable("torch_npu")
+
+
+def plainly_inactive():
+    """This host needs no engine, and nothing needs the configuration read to say so: ``torch_npu``
+    cannot be found and no variable could change that decision or warn (:data:`DECIDING` unset,
+    :data:`SWITCHES` unset or understood). Every other case is decided by ``_activation``."""
+    try:
+        environ = os.environ
+        if any(environ.get(name, "").strip() for name in DECIDING):
+            return False
+        for name in SWITCHES:
+            raw = environ.get(name, "")
+            if raw.strip() and flag(raw) is None:
+                return False
+        return not npu_stack_installed()
+    except Exception:  # cannot tell: the configuration is read by _activation, which decides
+        return False
+
+
+class Observer:
+    """The start-up observer, one per process (:data:`OBSERVER`). Its :attr:`mode`:
+
+    - ``placeholder``: not on ``sys.meta_path``; from the outside, this mode *is* the ``.pth``
+      line's placeholder, which stands in for it until :meth:`take_over` puts it in its place;
+    - ``observing``: on ``sys.meta_path``; a watched package gets an activating loader;
+    - ``guarding``: the engine activates (:meth:`guard`); other threads' modules of the gated
+      packages wait for it in their loader (docs/internals.md, "Activation and threads");
+    - ``resuming``: an activation was abandoned: observing, and a module of a watched package
+      (which may be loaded already, unpatched) activates too;
+    - ``watching``: activation is over, but fixes went in: on ``sys.meta_path`` for their modules'
+      re-executions alone (``importlib.reload``, or a fresh import after leaving ``sys.modules``:
+      wrapt's hooks fire once per name), which the :meth:`watch` watchers answer;
+    - ``retired``: off ``sys.meta_path``, its work here over (a ``.pth`` processed again puts no
+      observer back); an abandoned activation makes it resume (:meth:`observe_again`).
+
+    In every mode a name in :attr:`again` (a module a fix went in on) is first offered to the
+    watchers: this is the process's one finder of ours.
+    """
+
+    __slots__ = ("activator", "again", "at_fork", "engine", "gated", "mode", "trigger", "watchers", "woken_inactive")
+
+    #: Marks the observer on ``sys.meta_path`` (:func:`is_hook`).
+    verl_npu_autopatch_observer = True
+
+    def __init__(self) -> None:
+        self.mode: Mode = "placeholder"
+        self.gated: frozenset[str] | None = WATCHED  # guarding: the packages held (None: all)
+        self.activator: int | None = None  # the thread that activates
+        self.trigger = ""  # the watched package whose import began the activation
+        self.woken_inactive = ""  # the watched package whose import found this host inactive
+        self.engine: Any = None  # the process-wide engine, kept with the observer (:data:`ANCHOR`)
+        self.at_fork = False  # the fork handler is registered (once per process)
+        self.again: frozenset[str] = frozenset()  # modules whose re-execution the watchers answer
+        self.watchers: list[Any] = []  # each with ``names`` and ``spec(fullname, path, target)``
+
+    def find_spec(
+        self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+    ) -> "ModuleSpec | None":
+        """A re-executed patched module's spec from its watcher; a watched package's real spec with
+        an activating loader; else ``None`` (two frozenset lookups), unless guarding or resuming:
+        then ``_activation.held`` (loaded: an activation began) decides."""
+        if fullname in self.again:
+            spec = self._again(fullname, path, target)
+            if spec is not None:
+                return spec
+        if self.mode == "watching":
+            return None
+        if fullname in WATCHED:
+            spec = real_spec(fullname, path, target)
+            return None if spec is None else activating(spec, None)
+        if self.mode == "observing":
+            return None
+        work = sys.modules.get(WORK)
+        return None if work is None else work.held(self, fullname, path, target)
+
+    def _again(self, fullname, path, target):
+        for watcher in list(self.watchers):
+            if fullname in watcher.names:
+                spec = watcher.spec(fullname, path, target)
+                if spec is not None:
+                    return spec
+        return None
+
+    def watch(self, watcher: "Any", name: str) -> None:
+        """Have ``watcher`` answer re-executions of module ``name`` (its ``spec``): on
+        ``sys.meta_path`` from now on (first, when not there yet), ``watching`` once retired."""
+        if not any(w is watcher for w in self.watchers):
+            self.watchers = [*self.watchers, watcher]
+        self.again = self.again | {name}
+        if not self.installed():
+            sys.meta_path.insert(0, self)
+            if self.mode == "retired":
+                self.mode = "watching"
+
+    def installed(self) -> bool:
+        """This observer is on ``sys.meta_path``."""
+        return any(finder is self for finder in sys.meta_path)
+
+    def hooked(self) -> bool:
+        """The start-up hook is in place: this observer, or the placeholder standing in for it."""
+        return any(is_hook(finder) for finder in sys.meta_path)
+
+    def _idle(self) -> bool:
+        """Switched off, or activation over (a watched package already in ``sys.modules`` does not count)."""
+        return switched_off() or self.mode in ("retired", "watching")
+
+    def take_over(
+        self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+    ) -> "ModuleSpec | None":
+        """The placeholder's ``find_spec`` for the first watched name, under the global import lock:
+        observe from now on (unless idle: the placeholders just leave) and answer for ``fullname``."""
+        try:
+            if self._idle():
+                drop_placeholders()
+            else:
+                self.observe()
+        except Exception:  # start-up code never raises; the import then goes on unobserved
+            pass
+        return (self.find_spec if self.installed() else real_spec)(fullname, path, target)
+
+    def start(self) -> None:
+        """Observe, unless idle: the entry point of the PEP 829 ``.start`` file (Python 3.15+).
+        Idempotent, silent."""
+        try:
+            if not self._idle():
+                self.observe()
+        except Exception:  # start-up code never raises, prints or writes; the process runs unpatched
+            pass
+
+    def observe(self) -> None:
+        """On ``sys.meta_path`` once (observing unless guarding), in the first placeholder's place (so
+        an import iterating over the list sees one or the other), else at the front; the rest leave."""
+        if not self.installed():
+            for index, finder in enumerate(sys.meta_path):
+                if _placeholder(finder):
+                    sys.meta_path[index] = self
+                    break
+            else:
+                sys.meta_path.insert(0, self)
+        drop_placeholders()
+        if self.mode not in ("guarding", "resuming"):
+            self.mode = "observing"
+
+    def wake(self, trigger: str) -> None:
+        """Watched package ``trigger`` starts loading in this thread: guard (unless already guarding)."""
+        if self.installed() and self.mode != "guarding":
+            self.trigger = trigger
+            self.guard(get_ident())
+
+    def guard(self, activator: int, packages: "Iterable[str] | None" = None) -> None:
+        """Activation began on thread ``activator``: guard (also where the start-up hook did not
+        run) every module until the catalog is known (``packages`` is ``None``), then the
+        watched packages plus ``packages`` (the other target packages)."""
+        try:
+            _work()  # the guarding rule (``held``) and the fork handler live there: loaded first
+            _fork_safe()
+            self.observe()
+            self.activator = activator
+            self.gated = None if packages is None else WATCHED | frozenset(packages)
+            self.mode = "guarding"
+        except Exception:  # unguarded is the worst case; an import must never fail here
+            pass
+
+    def retire(self) -> None:
+        """Activation is over, or decided against: ``watching`` while fixes went in (:meth:`watch`),
+        else off ``sys.meta_path`` for good."""
+        self.gated, self.activator, self.trigger = WATCHED, None, ""
+        if self.again and self.installed():
+            self.mode = "watching"
+            return
+        try:
+            _leave_meta_path(lambda finder: finder is self)
+        except Exception:  # start-up code never raises; the observer then answers None for good
+            pass
+        self.mode = "retired"
+
+    def fall_inactive(self, name: str) -> None:
+        """The import of watched package ``name`` found this host inactive: remember it and retire."""
+        self.woken_inactive = self.woken_inactive or name
+        self.retire()
+
+    def observe_again(self, hooked: bool) -> None:
+        """An activation was abandoned: stop guarding and, if the start-up hook was in place
+        (``hooked``), resume: the next import of a watched package, or of one of its modules, activates."""
+        self.retire()
+        if self.mode == "retired":
+            self.mode = "placeholder"
+        if hooked:
+            self.mode = "resuming"
+            self.observe()
+
+
+def _fork_safe():
+    """Have ``_activation.after_fork_in_child`` run in a fork's child: registered once per process,
+    when a first activation begins (never at start-up)."""
+    if not OBSERVER.at_fork and hasattr(os, "register_at_fork"):
+        OBSERVER.at_fork = True
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _after_fork_in_child():
+    getattr(sys.modules.get(WORK), "after_fork_in_child", lambda: None)()
+
+
+def activating(spec, waits_for):
+    """``spec`` with its loader wrapped in an activating loader (``waits_for``: ``None`` for a watched
+    package, which decides; else the watched package whose activation the module waits for)."""
+    loader = spec.loader
+    if loader is None and spec.submodule_search_locations is not None:
+        loader = _namespace_loader(spec)  # a namespace package (no __init__.py)
+    if loader is not None and hasattr(loader, "exec_module"):
+        spec.loader = ActivatingLoader(loader, waits_for)
+    return spec
+
+
+def real_spec(fullname, path, target):
+    """The spec the finders after the start-up hook on ``sys.meta_path`` give ``fullname``: those in
+    front were asked already, and one that chains (APM agents, coverage) would ask us again."""
+    finders = list(sys.meta_path)
+    first = next((index for index, finder in enumerate(finders) if is_hook(finder)), -1)
+    for finder in finders[first + 1 :]:
+        find = getattr(finder, "find_spec", None)
+        if find is None or is_hook(finder):
+            continue
+        spec = find(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
+def _namespace_loader(spec):
+    """The loader the import system itself gives a namespace package, or ``None``."""
+    try:
+        external = sys.modules["_frozen_importlib_external"]
+        cls = getattr(external, "NamespaceLoader", None) or external._NamespaceLoader
+        loader = cls.__new__(cls)
+        loader._path = spec.submodule_search_locations
+        return loader
+    except Exception:  # an import system without that class: the namespace package loads as usual
+        return None
+
+
+def _work():
+    """The module :data:`WORK` names, imported if it is not yet: from this file's own package,
+    never a namesake found first on ``sys.path`` (a user's script ``verl_npu_autopatch.py``)."""
+    package = WORK.partition(".")[0]
+    try:  # loaded as the import system would, under its module lock
+        bootstrap = sys.modules["_frozen_importlib"]
+        with bootstrap._ModuleLockManager(package):
+            if package not in sys.modules:
+                home = os.path.dirname(__file__)  # the wheel's root, or bootstrap/ in the package
+                for _ in range(__name__.count(".")):  # verl_npu_autopatch.bootstrap.startup: up two
+                    home = os.path.dirname(home)
+                finder = sys.modules["_frozen_importlib_external"].PathFinder
+                bootstrap._load_unlocked(finder.find_spec(package, [home]))
+    except Exception:  # the import system's private names changed: the import below finds it on sys.path
+        pass
+    __import__(WORK)  # waits for another thread importing it
+    return sys.modules[WORK]
+
+
+class ActivatingLoader:
+    """Wraps a watched package's (or a guarded module's) loader; other attributes pass through."""
+
+    def __init__(self, loader, waits_for=None):
+        self.loader = loader
+        self.waits_for = waits_for
+        self.inactive = False  # this host needs no engine: load as if we were not here
+        self.broken = False  # the package cannot be imported: likewise
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        """For a watched package, decide whether this host is inactive (:func:`plainly_inactive`, else
+        ``_activation``), before the module is in ``sys.modules``."""
+        if self.waits_for is None and plainly_inactive():
+            self.inactive = True
+            OBSERVER.fall_inactive(spec.name)
+        else:
+            try:
+                work = _work()
+            except Exception:  # a broken install: the observer leaves, the package loads untouched
+                OBSERVER.retire()
+                self.broken = True
+            else:
+                return work.create_module(self, spec)
+        create = getattr(self.loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module):
+        """Run the real loader (through ``_activation`` unless inactive or broken). If the package
+        raises, this frame leaves the traceback (3.11+; the exception is unchanged)."""
+        try:
+            if self.inactive or self.broken:
+                module.__loader__ = self.loader
+                if getattr(module, "__spec__", None) is not None:
+                    module.__spec__.loader = self.loader
+                return self.loader.exec_module(module)
+            return _work().exec_module(self, module)
+        except BaseException as exc:
+            unframed(exc, ActivatingLoader.exec_module.__code__)
+            raise
+
+
+def unframed(exc, code):
+    """Take the frame running ``code`` off the head of ``exc``'s traceback, so that a failing upstream
+    import shows only its own frames (Python 3.10 re-raises the traceback it caught, frame included)."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code is code:
+        exc.__traceback__ = tb.tb_next
+
+
+def is_hook(finder):
+    """``finder`` is the observer or a placeholder (finders that look a name up for us skip both)."""
+    return getattr(finder, "verl_npu_autopatch_observer", False) is True or _placeholder(finder)
+
+
+def _placeholder(finder):  # the .pth line's placeholder
+    return getattr(finder, PLACEHOLDER, False) is True
+
+
+def drop_placeholders():
+    """Take the start-up line's placeholders off ``sys.meta_path``."""
+    _leave_meta_path(_placeholder)
+
+
+def _leave_meta_path(leaving):
+    """The finders ``leaving(finder)`` picks off ``sys.meta_path``, as a new list: an import in
+    another thread iterates over the old one, and a removal from it would make that import skip
+    the next finder (even the last, ``PathFinder``: "No module named ...")."""
+    if any(leaving(finder) for finder in sys.meta_path):
+        sys.meta_path = [finder for finder in sys.meta_path if not leaving(finder)]
+
+
+#: :data:`OBSERVER`, the process's one observer (and, on it, its engine), is kept by ``sys`` under this
+#: name, not by a global of this module: it survives this module leaving ``sys.modules`` and a fresh
+#: copy executing (``mock.patch.dict(sys.modules)``, ``importlib.reload``); ``sys`` never leaves.
+ANCHOR = "_verl_npu_autopatch_observer"
+OBSERVER: Observer = getattr(sys, ANCHOR, None) or Observer()
+setattr(sys, ANCHOR, OBSERVER)
+#: What the ``.pth`` line's placeholder calls for a watched name, and the PEP 829 ``.start`` file.
+take_over, install_observer = OBSERVER.take_over, OBSERVER.start
+
+
+#: One module object per process, under both names: the root module registers itself under the
+#: package's name, so importing that runs no second copy of the file; the package's copy, imported
+#: first (the root module not loaded yet, or not there at all), is the one module and registers
+#: itself under the root's name. (The import system hands back what ``sys.modules`` holds once this
+#: body has run: the root module, should it have won a race.)
+if __name__ == NAME:
+    sys.modules.setdefault("verl_npu_autopatch.bootstrap.startup", sys.modules[NAME])
+else:
+    sys.modules[__name__] = sys.modules.setdefault(NAME, sys.modules[__name__])

