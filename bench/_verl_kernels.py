@@ -246,7 +246,7 @@ def measure(forward: Callable[[Any, Any], Any], block: Any, hidden: Any) -> dict
     with Meter() as bwd:
         out.backward(grad)
     del out
-    return {"fwd": fwd.bytes, "bwd": bwd.bytes, "held": sum(held.values()), "ops": fwd.ops + bwd.ops}
+    return {"fwd": fwd.bytes, "bwd": bwd.bytes, "waits_for_activation": sum(held.values()), "ops": fwd.ops + bwd.ops}
 
 
 def bytes_rows(verl: Any, tokens: int) -> list[dict[str, object]]:
@@ -270,7 +270,7 @@ def bytes_rows(verl: Any, tokens: int) -> list[dict[str, object]]:
                     "side": side,
                     "MiB allocated, forward": round(got["fwd"] / mib, 1),
                     "MiB allocated, backward": round(got["bwd"] / mib, 1),
-                    "MiB held for backward (besides params, input)": round(got["held"] / mib, 1),
+                    "MiB held for backward (besides params, input)": round(got["waits_for_activation"] / mib, 1),
                     "host ops (fwd + bwd)": got["ops"],
                 }
             )

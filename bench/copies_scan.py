@@ -1,4 +1,4 @@
-"""What ``Patch.copies`` costs: the scan of a package's imported modules for the copies of a
+"""What ``Reach.copies_in`` costs: the scan of a package's imported modules for the copies of a
 module-level name (``copies.sites``, run at the fix and at every re-check: ``report()``,
 ``status``, ``revert()``), in one child process of the given python, after importing the package.
 
@@ -7,7 +7,7 @@ module-level name (``copies.sites``, run at the fix and at every re-check: ``rep
 The stand-in is ``vllm.logger:init_logger`` with ``copies=("vllm",)``: nearly every vLLM module
 takes it with ``from vllm.logger import init_logger``, so the scan finds hundreds of copies in the
 largest package this house patches. Paired in interleaved rounds with ``declared_values`` of the
-same patch without ``copies`` (what every other patch pays, unchanged), and, for ``Patch.stale``
+same patch without ``copies`` (what every other patch pays, unchanged), and, for ``Reach.stale_values``
 (another owner's earlier value, held by no copy), ``sites`` and ``in_place`` (the pipeline's
 "already in place" test: a scan for the earlier value). Medians per call.
 """
@@ -30,13 +30,14 @@ import vllm.logger, vllm.engine.arg_utils, vllm.model_executor.models.registry
 from _bench import interleave, median, per_call
 from verl_npu_autopatch.engine import copies
 from verl_npu_autopatch.engine import ownership
-from verl_npu_autopatch.authoring.spec import Patch, Target
+from verl_npu_autopatch.authoring.spec import Patch, Reach, Target
 
 target = (Target("vllm.logger", "init_logger"),)
-with_copies = Patch("bench.copies", "scan", target, lambda site: None, copies=("vllm",), device="any")
+with_copies = Patch("bench.copies", "scan", target, lambda site: None, reach=Reach(copies_in=("vllm",)), device="any")
 without = Patch("bench.plain", "no scan", target, lambda site: None, device="any")
 earlier = {{target[0]: object()}}  # another owner's earlier value: no copy holds it (nothing left behind)
-stale = Patch("bench.stale", "scan", target, lambda site: None, copies=("vllm",), stale=lambda: earlier, device="any")
+stale_reach = Reach(copies_in=("vllm",), stale_values=lambda: earlier)
+stale = Patch("bench.stale", "scan", target, lambda site: None, reach=stale_reach, device="any")
 samples = interleave(
     {{
         "sites (copies=vllm)": per_call(lambda: copies.sites(with_copies), 20),

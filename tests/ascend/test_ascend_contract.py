@@ -69,7 +69,7 @@ def test_partial_wake_up_on_vllm_0_23_changes_its_target_and_its_secondary_site(
 @pytest.mark.parametrize("patch", ascend_glm52.PATCHES, ids=lambda patch: patch.name)
 def test_glm52_on_vllm_ascend_0_23(glm: types.SimpleNamespace, patch: Any) -> None:  # noqa: F811
     changed = _applied([patch])[patch.name]
-    declared = {str(t) for t in (*patch.targets, *patch.secondary)}
+    declared = {str(t) for t in (*patch.targets, *patch.reach.secondary)}
     assert changed and changed <= declared, changed
 
 

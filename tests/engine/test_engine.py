@@ -44,7 +44,7 @@ print(json.dumps([before, autopatch_target.Thing().hello()]))
 
 
 def test_copies_taken_before_activation_are_rebound_and_reverted(base_python: Path) -> None:
-    """``Patch.copies``: a module that ran ``from autopatch_copied import greet`` before the fix
+    """``Reach.copies_in``: a module that ran ``from autopatch_copied import greet`` before the fix
     calls the fix once the engine applied it, and upstream's function again after revert."""
     code = """
 import json, autopatch_copier

@@ -32,7 +32,7 @@ from verl_npu_autopatch.bootstrap.startup import OBSERVER
 def activation_began():
     if any(getattr(f, "verl_npu_autopatch_placeholder", False) for f in sys.meta_path):
         return False  # the .pth line's placeholders: no watched import yet
-    return OBSERVER.mode in ("guarding", "watching") or not OBSERVER.installed()  # activation began
+    return OBSERVER.mode in ("guarding", "watching") or not OBSERVER.on_meta_path()  # activation began
 
 barrier = threading.Barrier(THREADS)
 calls, errors, cpython_races = [], [], []

@@ -76,7 +76,7 @@ def live_patches(patches: Iterable[Patch] | None = None) -> list[Patch]:
         plan = decision.plan(patch, config_for(patch))
         if plan.state != "pending":
             continue
-        extra = {t.module for t in (*patch.secondary, *patch.targets)}  # a computed family may be absent here
+        extra = {t.module for t in (*patch.reach.secondary, *patch.targets)}  # a computed family may be absent here
         variant = next((t for t in plan.variants if _imports(t.module)), None)
         if variant is not None and all(_imports(m) for m in extra - {t.module for t in patch.targets}):
             found.append(patch)
@@ -84,8 +84,10 @@ def live_patches(patches: Iterable[Patch] | None = None) -> list[Patch]:
 
 
 def _declared_modules(patch: Patch) -> list[ModuleType]:
-    names = [t.module for t in (*patch.hooks, *patch.targets, *patch.secondary)] + [c.module for c in patch.computed]
-    names += [m.__name__ for m in copies.holders(patch.copies)]
+    names = [t.module for t in (*patch.hooks, *patch.targets, *patch.reach.secondary)] + [
+        c.module for c in patch.reach.computed
+    ]
+    names += [m.__name__ for m in copies.holders(patch.reach.copies_in)]
     return [importlib.import_module(n) for n in dict.fromkeys(names) if _imports(n)]
 
 
@@ -95,7 +97,7 @@ def _holders(module: ModuleType, patch: Patch) -> dict[str, Any]:
     holders: dict[str, Any] = {
         n: v for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__
     }
-    for target in (*patch.targets, *patch.secondary):
+    for target in (*patch.targets, *patch.reach.secondary):
         if target.module != module.__name__:
             continue
         holder: Any = module
@@ -141,7 +143,7 @@ def declared(patch: Patch, target: Target, undo: Any) -> set[str]:
     the transformers experts, registered in transformers' experts interface) leaves the target
     as it is and changes its ``computed`` sites only."""
     through = getattr(undo, THROUGH_TARGET, False)
-    hooked = [] if through or target in patch.triggers else [str(target)]  # a trigger is read, not changed
+    hooked = [] if through or target in patch.reach.triggers else [str(target)]  # a trigger is read, not changed
     return {*hooked, *declared_values(patch)}
 
 
@@ -156,7 +158,7 @@ class Finding:
 
 def _run(patch: Patch) -> decision.Outcome:
     plan = decision.plan(patch, config_for(patch))
-    return decision.run(patch, plan.variants, plan.versions, None, config_for(patch), engine=QuietHandOver())
+    return decision.run(patch, plan.variants, plan.versions, None, config_for(patch), handover=QuietHandOver())
 
 
 def check_contract(patch: Patch) -> Finding:
@@ -176,7 +178,7 @@ def check_contract(patch: Patch) -> Finding:
         unmarked = sorted(p for p in touched - sources.keys() if _marked(installed.get(p)) != patch.name)
         assert not unmarked, f"{patch.name}: left unmarked values (nor a copy of a live source) at {unmarked}"
         replaced = before.get(str(first.target))
-        copy_paths = [p for p in installed if copies.within(p.partition(":")[0], patch.copies)]
+        copy_paths = [p for p in installed if copies.within(p.partition(":")[0], patch.reach.copies_in)]
         stale = sorted(p for p in copy_paths if replaced is not None and installed[p] is replaced)
         stale += copies.left_behind(patch)
         assert not stale, f"{patch.name}: copies of the replaced value left at {stale}"

@@ -1,6 +1,6 @@
-"""``Patch.copies``: the engine rebinds the copies of a patched module-level name that other
+"""``Reach.copies_in``: the engine rebinds the copies of a patched module-level name that other
 modules took with ``from ... import`` (real files, real import statements), declares them as
-sites, re-checks them and restores each on revert; with ``Patch.stale``, the copies another
+sites, re-checks them and restores each on revert; with ``Reach.stale_values``, the copies another
 owner's replacement of the name left behind (rebound to that owner's value, unmarked)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from tests.support import contract
 from verl_npu_autopatch.authoring.family import copies_only
 from verl_npu_autopatch.authoring.patching import marked_by, set_marked
-from verl_npu_autopatch.authoring.spec import Patch, Site, Target, Undo
+from verl_npu_autopatch.authoring.spec import Patch, Reach, Site, Target, Undo
 from verl_npu_autopatch.cli import main as cli
 from verl_npu_autopatch.engine import ownership
 from verl_npu_autopatch.engine.config import Config
@@ -59,7 +59,7 @@ PATCH = Patch(
     "Replaces greet, and its copies in the package.",
     targets=(Target(SOURCE, "greet"),),
     fix=_fix,
-    copies=(PACKAGE,),
+    reach=Reach(copies_in=(PACKAGE,)),
     device="any",
 )
 
@@ -129,7 +129,13 @@ def test_copies_are_shown_and_only_module_level_targets_may_declare_them() -> No
     assert cli.touches(PATCH)[-1] == f"also changes {PACKAGE}.*:<copies of the target> (found in the live modules)"
     assert cli._markdown_site(cli.touches(PATCH)[-1]).startswith(f"also changes `{PACKAGE}.*:<copies of the target>` (")
     with pytest.raises(ValueError, match="module-level targets only"):
-        Patch("test.bad", "A method has no copies.", (Target(SOURCE, "Cls.meth"),), _fix, copies=(PACKAGE,))
+        Patch(
+            "test.bad",
+            "A method has no copies.",
+            (Target(SOURCE, "Cls.meth"),),
+            _fix,
+            reach=Reach(copies_in=(PACKAGE,)),
+        )
 
 
 # ----------------------------------------------------------------------------- another owner's value
@@ -149,10 +155,8 @@ STALE = Patch(
     "test.stale_copies",
     "Rebinds the copies another owner's replacement of greet left behind.",
     targets=(Target(SOURCE, "greet"),),
-    triggers=(Target(OWNER, "__file__"),),
+    reach=Reach(triggers=(Target(OWNER, "__file__"),), copies_in=(PACKAGE,), stale_values=_earlier),
     fix=copies_only,
-    copies=(PACKAGE,),
-    stale=_earlier,
     device="any",
 )
 
@@ -227,5 +231,5 @@ def test_the_contract_fails_a_stale_patch_that_leaves_a_copy_behind(
 
 
 def test_stale_values_need_copies() -> None:
-    with pytest.raises(ValueError, match="stale values are declared for copies only"):
-        Patch("test.bad", "No copies.", (Target(SOURCE, "greet"),), copies_only, stale=dict)
+    with pytest.raises(ValueError, match="stale_values is declared for copies only"):
+        Patch("test.bad", "No copies.", (Target(SOURCE, "greet"),), copies_only, reach=Reach(stale_values=dict))

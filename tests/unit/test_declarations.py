@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.children import run
 from verl_npu_autopatch.authoring.patching import chain, mark, marked_by, set_attribute, set_entry, set_marked
-from verl_npu_autopatch.authoring.spec import APPLY, ComputedSites, Patch, StaticRule, Target
+from verl_npu_autopatch.authoring.spec import APPLY, ComputedSites, Patch, Reach, StaticRule, Target
 from verl_npu_autopatch.cli import main as cli
 from verl_npu_autopatch.engine import catalog, ownership
 from verl_npu_autopatch.engine.config import Config
@@ -52,7 +52,7 @@ def _patch(seen: list[str]) -> Patch:
         "test.triggered",
         "Runs when the trigger is imported; changes the target.",
         targets=(Target(CHANGED, "Layer.forward"),),
-        triggers=(Target(TRIGGER, "__file__"),),
+        reach=Reach(triggers=(Target(TRIGGER, "__file__"),)),
         fix=fix,
         device="any",
     )
@@ -96,7 +96,7 @@ def test_a_present_target_waits_for_its_trigger_import(monkeypatch: pytest.Monke
 def test_hooks_are_the_triggers_else_the_targets() -> None:
     target, trigger = Target("a", "f"), Target("b", "__file__")
     plain = Patch("p.plain", "s", (target,), fix=lambda site: lambda: None)
-    triggered = Patch("p.trig", "s", (target,), fix=lambda site: lambda: None, triggers=(trigger,))
+    triggered = Patch("p.trig", "s", (target,), fix=lambda site: lambda: None, reach=Reach(triggers=(trigger,)))
     assert plain.hooks == (target,) and triggered.hooks == (trigger,)
     assert triggered.touches() == (trigger, target)
 
@@ -109,7 +109,7 @@ def test_a_static_rule_names_relative_python_files(reads: tuple[str, ...]) -> No
 
 def test_ascend_capture_declares_its_trigger_and_marks_what_it_installs() -> None:
     (patch,) = ascend_routed_experts_capture.PATCHES
-    assert [str(t) for t in patch.triggers] == [f"{ascend_routed_experts_capture.WORKER}:__file__"]
+    assert [str(t) for t in patch.reach.triggers] == [f"{ascend_routed_experts_capture.WORKER}:__file__"]
     assert [str(t) for t in patch.targets] == [
         f"{ascend_routed_experts_capture.CAPTURER}:RoutedExpertsCapturer.capture"
     ]
@@ -120,7 +120,7 @@ def test_ascend_capture_declares_its_trigger_and_marks_what_it_installs() -> Non
         ascend_routed_experts_capture.CAPTURE: types.SimpleNamespace(capture=installed),
     }
     original = capturer.__dict__["capture"]
-    site = types.SimpleNamespace(patch=patch, engine=None)  # no engine: the trim is not enabled alongside
+    site = types.SimpleNamespace(patch=patch, handover=None)  # no hand-over: the trim is not enabled alongside
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ascend_routed_experts_capture.importlib, "import_module", fake.__getitem__)
         undo = patch.fix(site)  # type: ignore[arg-type]
@@ -200,8 +200,10 @@ def _changing_everywhere(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleT
         "test.everywhere",
         "Changes a target, a secondary site and the entries of a table.",
         targets=(Target(CHANGED, "Layer.forward"),),
-        secondary=(Target(CHANGED, "Layer.backward"),),
-        computed=(ComputedSites(CHANGED, "TABLE[<key>]", lambda live: tuple(f"TABLE[{k}]" for k in live.TABLE)),),
+        reach=Reach(
+            secondary=(Target(CHANGED, "Layer.backward"),),
+            computed=(ComputedSites(CHANGED, "TABLE[<key>]", lambda live: tuple(f"TABLE[{k}]" for k in live.TABLE)),),
+        ),
         fix=fix,
         device="any",
     )

@@ -77,7 +77,7 @@ def test_the_spec_derives_groups_default_and_reads() -> None:
     opt_in = wrapping_patch("fam.fix", "A fix.", rule=_rule, wrap=around(_twice), opt_in="extra", reference="r")
     assert (opt_in.groups, opt_in.default) == (("extra", "fam"), False)
     assert opt_in.static is not None and opt_in.static.reads == ("pkg/mod.py",)
-    on = wrapping_patch("fam.fix", "A fix.", rule=_rule, wrap=around(_twice), copiers=("pkg.user",))
+    on = wrapping_patch("fam.fix", "A fix.", rule=_rule, wrap=around(_twice), copying_modules=("pkg.user",))
     assert (on.groups, on.default, on.targets) == (("fam",), True, (_rule.target,))
     assert on.static is not None and on.static.reads == ("pkg/mod.py", "pkg/user.py")
 

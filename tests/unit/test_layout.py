@@ -293,8 +293,8 @@ def test_the_start_up_module_names_the_work_it_hands_over_to() -> None:
     # the name must be the module that holds the activating loader's work
     from verl_npu_autopatch.bootstrap import activation, startup
 
-    assert activation.__name__ == startup.WORK
-    assert all(callable(getattr(activation, name)) for name in ("create_module", "exec_module", "held"))
+    assert activation.__name__ == startup.ACTIVATION
+    assert all(callable(getattr(activation, name)) for name in ("create_module", "exec_module", "waits_for_activation"))
     assert callable(activation.after_fork_in_child)
     assert "verl_npu_autopatch.bootstrap.activation" not in _import_graph()["verl_npu_autopatch.bootstrap.startup"]
 

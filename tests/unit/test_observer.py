@@ -69,21 +69,21 @@ def test_an_engine_given_no_observer_gets_a_null_one(monkeypatch: pytest.MonkeyP
 def test_the_observer_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not startup.is_hook(f)])
     observer = startup.Observer()
-    assert observer.mode == "placeholder" and not observer.installed()
+    assert observer.mode == "placeholder" and not observer.on_meta_path()
     observer.observe()
     assert observer.mode == "observing" and sys.meta_path[0] is observer and observer.hooked()
     assert observer.find_spec("json") is None  # a miss: no guarding
     observer.retire()
-    assert observer.mode == "retired" and not observer.installed()
+    assert observer.mode == "retired" and not observer.on_meta_path()
     observer.take_over("vllm")  # a .pth processed again after the observer left: nothing comes back
-    assert observer.mode == "retired" and not observer.installed()
-    observer.observe_again(hooked=False)  # an abandoned activation without the start-up hook
-    assert observer.mode == "placeholder" and not observer.installed()
-    observer.observe_again(hooked=True)  # resuming: a watched package's module activates too
-    assert observer.mode == "resuming" and observer.installed()
+    assert observer.mode == "retired" and not observer.on_meta_path()
+    observer.resume_observing(hooked=False)  # an abandoned activation without the start-up hook
+    assert observer.mode == "placeholder" and not observer.on_meta_path()
+    observer.resume_observing(hooked=True)  # resuming: a watched package's module activates too
+    assert observer.mode == "resuming" and observer.on_meta_path()
     assert observer.find_spec("json") is None
-    observer.fall_inactive("transformers")
-    assert (observer.mode, observer.woken_inactive, observer.installed()) == ("retired", "transformers", False)
+    observer.retire_inactive("transformers")
+    assert (observer.mode, observer.inactive_trigger, observer.on_meta_path()) == ("retired", "transformers", False)
 
 
 def test_the_guarding_mode_holds_other_threads_modules_of_the_gated_packages(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,22 +104,22 @@ def test_the_guarding_mode_holds_other_threads_modules_of_the_gated_packages(mon
         assert other is None  # not a gated package
     finally:
         observer.retire()
-    assert observer.mode == "retired" and not observer.installed()
+    assert observer.mode == "retired" and not observer.on_meta_path()
 
 
 def test_guarding_loads_the_module_that_holds_its_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     # an activation by activate() runs no activating loader, so nothing has loaded the module the
-    # start-up module hands its work to (WORK), where the guarding rule lives: guard() loads it,
+    # start-up module hands its work to (ACTIVATION), where the guarding rule lives: guard() loads it,
     # or other threads' imports of target packages would go through unheld
     import verl_npu_autopatch
 
     monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not startup.is_hook(f)])
-    monkeypatch.delitem(sys.modules, startup.WORK)
+    monkeypatch.delitem(sys.modules, startup.ACTIVATION)
     monkeypatch.delattr(verl_npu_autopatch, "_activation", raising=False)
     observer = startup.Observer()
     observer.guard(_thread.get_ident(), ["pytest"])
     try:
-        assert startup.WORK in sys.modules
+        assert startup.ACTIVATION in sys.modules
         seen: list[Any] = []
         worker = threading.Thread(target=lambda: seen.append(observer.find_spec("pytest")))
         worker.start()

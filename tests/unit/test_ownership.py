@@ -1,5 +1,5 @@
 """Records verified against the live attribute: ``superseded`` / ``yielded`` after the fact,
-enclosing callables (``Patch.via``), honest ``revert()``, and ``importlib.reload``. Private
+enclosing callables (``Reach.via``), honest ``revert()``, and ``importlib.reload``. Private
 engines on throw-away modules, in process."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from verl_npu_autopatch.authoring.patching import describe, mark, marked_by, set_attribute
-from verl_npu_autopatch.authoring.spec import Patch, Target
+from verl_npu_autopatch.authoring.spec import Patch, Reach, Target
 from verl_npu_autopatch.cli.doctor import doctor_exit_code
 from verl_npu_autopatch.engine.config import Config
 from verl_npu_autopatch.engine.lifecycle import Engine
@@ -140,7 +140,7 @@ def test_our_value_back_in_place_is_applied_again(module_name: str) -> None:
 
 def test_enclosing_callable_taken_after_us(module_name: str) -> None:
     via = (Target(module_name, "Block.forward"),)
-    engine = engine_for(experts_patch(module_name, via=via, yields_to=(recognise_other,)))
+    engine = engine_for(experts_patch(module_name, reach=Reach(via=via), yields_to=(recognise_other,)))
     module = importlib.import_module(module_name)
     assert engine.report()["own.experts"].state == "applied"
     module.Block.forward = other_block_forward  # no longer calls self.experts: ours never runs
@@ -153,7 +153,7 @@ def test_enclosing_callable_taken_after_us(module_name: str) -> None:
 
 
 def test_enclosing_callable_taken_by_an_unknown_owner(module_name: str) -> None:
-    engine = engine_for(experts_patch(module_name, via=(Target(module_name, "Block.forward"),)))
+    engine = engine_for(experts_patch(module_name, reach=Reach(via=(Target(module_name, "Block.forward"),))))
     module = importlib.import_module(module_name)
     module.Block.forward = other_block_forward
     record = engine.report()["own.experts"]
@@ -164,7 +164,9 @@ def test_enclosing_callable_taken_by_an_unknown_owner(module_name: str) -> None:
 def test_enclosing_callable_owned_before_us_is_yielded_at_apply(module_name: str) -> None:
     module = importlib.import_module(module_name)
     module.Block.forward = other_block_forward  # the other owner came first
-    patch = experts_patch(module_name, via=(Target(module_name, "Block.forward"),), yields_to=(recognise_other,))
+    patch = experts_patch(
+        module_name, reach=Reach(via=(Target(module_name, "Block.forward"),)), yields_to=(recognise_other,)
+    )
     engine = engine_for(patch)  # the module is already imported: decided at activation
     record = engine.report()["own.experts"]
     assert (record.state, record.reason) == (

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.children import run_json
 from verl_npu_autopatch.authoring.patching import mark, set_attribute
-from verl_npu_autopatch.authoring.spec import Patch, Target, fixed_upstream, unsupported
+from verl_npu_autopatch.authoring.spec import Patch, Reach, Target, fixed_upstream, unsupported
 from verl_npu_autopatch.engine.config import Config
 from verl_npu_autopatch.engine.decision import Outcome, run
 
@@ -124,7 +124,7 @@ def test_a_fix_installed_elsewhere_that_says_it_is_in_place_is_applied_without_a
 
     patch = Patch(
         "pipe.test", "a test patch", (Target.parse(f"{module.__name__}:Layer.forward"),), register,
-        device="any", in_place=lambda site: site.owner.__name__ in registry,
+        reach=Reach(in_place=lambda site: site.owner.__name__ in registry),
     )  # fmt: skip
     first = decide(patch, module)
     assert first.state == "applied" and first.undo is not None and registry == {"Layer": module.Layer}

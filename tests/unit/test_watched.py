@@ -12,7 +12,7 @@ from verl_npu_autopatch.engine import catalog
 
 def test_every_builtin_site_is_under_a_watched_package() -> None:
     touched = [target for patch in catalog.builtin() for target in patch.touches()]
-    computed = [sites.module for patch in catalog.builtin() for sites in patch.computed]
+    computed = [sites.module for patch in catalog.builtin() for sites in patch.reach.computed]
     tops = {module.partition(".")[0] for module in [*(target.module for target in touched), *computed]}
     assert "liger_kernel.transformers.monkey_patch" in computed
     assert tops - startup.WATCHED == set()

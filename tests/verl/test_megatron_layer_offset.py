@@ -21,7 +21,7 @@ from verl_npu_autopatch.patches import megatron_layer_offset as family
 (PATCH,) = family.PATCHES
 #: Releases importable on this CPU env (0.19.2's MoE package needs triton).
 VERSIONS = ("0.12.1", "0.16.1", "0.17.0")
-#: The copiers imported in every release read here.
+#: The copying_modules imported in every release read here.
 COPIERS = ("megatron.core.transformer.transformer_block", "megatron.core.models.gpt.gpt_layer_specs")
 
 

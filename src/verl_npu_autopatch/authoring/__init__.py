@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time each name resolves la
 
 #: Each module of the kit and the public names it defines.
 _KIT = {
-    "spec": "APPLY ComputedSites Device fixed_upstream Patch Site StaticRule Target Undo unsupported Verdict",
+    "spec": "APPLY ComputedSites Device fixed_upstream Patch Reach Site StaticRule Target Undo unsupported Verdict",
     "patching": "ABSENT chain definition describe mark marked_by MARKER normalized_source origin own_value"
     " parameter_defaults parameter_names replace_method set_attribute set_entry set_marked signature_from_ast"
     " signature_of signature_text statements underlying",

@@ -6,7 +6,7 @@ A family then writes only what is its own: the rule (``Code`` -> ``Verdict``, bo
 :func:`decides` to the target it decides on and the parameters that target takes), the wrapper
 (``wrap(site, original)`` -> the replacement, or just the advice ``advice(original, *args,
 **kwargs)`` through :func:`around`) and the spec's words. A patch whose only change is the
-engine's rebinding of stale copies (``Patch.stale``) takes :func:`copies_only` as its fix.
+engine's rebinding of stale copies (``Reach.stale_values``) takes :func:`copies_only` as its fix.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def rule_patch(
     opt_in: str | None = None,
     needs: str | None = None,
     reads: tuple[str, ...] | None = None,
-    copiers: tuple[str, ...] = (),
+    copying_modules: tuple[str, ...] = (),
     static: Callable[[UpstreamTree], Verdict] | None = None,
     note: Callable[[UpstreamTree], str | None] | None = None,
     **spec: Any,
@@ -178,8 +178,8 @@ def rule_patch(
     """A :class:`Patch` of the common shape on the target ``rule`` decides on: checked by
     ``rule`` on the live code, fixed by ``fix``, decided on a release's files ``reads`` (default:
     the files of the target's module and of the modules the rule reads beside it) by ``static``
-    (default: ``rule`` on the target's source), the table's ``note`` beside it. ``copiers`` are
-    modules known to copy a module-level target by ``from ... import`` (``Patch.copies`` rebinds
+    (default: ``rule`` on the target's source), the table's ``note`` beside it. ``copying_modules`` are
+    modules known to copy a module-level target by ``from ... import`` (``Reach.copies_in`` rebinds
     them): read too, and the default note names those that do in the release. ``needs`` names a
     global of the target module the fix uses (checked too). Its groups are the family (the name's
     first word), after ``opt_in``, the group that enables an opt-in patch; ``spec`` holds the
@@ -196,8 +196,8 @@ def rule_patch(
         default=opt_in is None,
         static=StaticRule(
             static or judged(rule, needs),
-            reads=reads or tuple(dict.fromkeys(map(module_file, (parsed.module, *read_beside, *copiers)))),
-            note=note or (_copied_note(parsed, copiers) if copiers else None),
+            reads=reads or tuple(dict.fromkeys(map(module_file, (parsed.module, *read_beside, *copying_modules)))),
+            note=note or (_copied_note(parsed, copying_modules) if copying_modules else None),
         ),
         **spec,
     )
@@ -208,21 +208,21 @@ def module_file(module: str) -> str:
     return f"{module.replace('.', '/')}.py"
 
 
-def copied_into(tree: UpstreamTree, copiers: tuple[str, ...], target: Target) -> list[str]:
-    """Which of the modules ``copiers`` take ``target`` (module-level) by ``from ... import`` in a
-    release: the copies the engine rebinds (``Patch.copies``)."""
+def copied_into(tree: UpstreamTree, copying_modules: tuple[str, ...], target: Target) -> list[str]:
+    """Which of the modules ``copying_modules`` take ``target`` (module-level) by ``from ... import`` in a
+    release: the copies the engine rebinds (``Reach.copies_in``)."""
     return [
         name
-        for name in copiers
+        for name in copying_modules
         if (source := tree.module(name)) and source.imports_from(target.module, target.qualname)
     ]
 
 
-def _copied_note(target: Target, copiers: tuple[str, ...]) -> Callable[[UpstreamTree], str | None]:
-    """The table's note naming the ``copiers`` that copy ``target`` in a release."""
+def _copied_note(target: Target, copying_modules: tuple[str, ...]) -> Callable[[UpstreamTree], str | None]:
+    """The table's note naming the ``copying_modules`` that copy ``target`` in a release."""
 
     def note(tree: UpstreamTree) -> str | None:
-        found = copied_into(tree, copiers, target)
+        found = copied_into(tree, copying_modules, target)
         return f"copied by `from ... import` into {', '.join(found)}" if found else None
 
     return note
@@ -230,7 +230,7 @@ def _copied_note(target: Target, copiers: tuple[str, ...]) -> Callable[[Upstream
 
 def copies_only(site: Site) -> Undo:
     """``fix`` of a patch whose whole change is the engine's rebinding of the copies another owner
-    left stale (``Patch.stale``): nothing else to change, nothing else to undo."""
+    left stale (``Reach.stale_values``): nothing else to change, nothing else to undo."""
     return _nothing
 
 

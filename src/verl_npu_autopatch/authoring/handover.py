@@ -1,4 +1,4 @@
-"""The hand-over interface a fix receives as ``site.engine``: what a patch family that arbitrates
+"""The hand-over interface a fix receives as ``site.handover``: what a patch family that arbitrates
 with other patches (Liger-Kernel's, verl's) may ask of the engine applying it, and nothing else.
 
 The engine implements it; tests and plugin authors may pass any object with these methods.

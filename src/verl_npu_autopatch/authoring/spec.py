@@ -16,6 +16,7 @@ __all__ = [
     "ComputedSites",
     "Device",
     "Patch",
+    "Reach",
     "Site",
     "StaticRule",
     "Target",
@@ -127,7 +128,8 @@ class Site:
     ``owner`` holds the attribute named ``attribute`` (a class or the module itself); ``value`` is
     the raw attribute as stored on the owner (so a ``staticmethod`` object stays one),
     ``versions`` maps the distributions the patch gates on to their installed versions, and
-    ``engine`` is the engine applying the patch (for fixes that arbitrate with other patches).
+    ``handover`` is what the fix may ask of the engine applying it (:class:`HandOver`: for fixes that
+    arbitrate with other patches; ``engine``, its former name, still reads it).
     """
 
     patch: Patch
@@ -137,40 +139,70 @@ class Site:
     attribute: str
     value: Any
     versions: dict[str, str | None] = field(default_factory=dict)
-    engine: HandOver | None = None
+    handover: HandOver | None = None
+
+    @property
+    def engine(self) -> HandOver | None:
+        """The former name of :attr:`handover`, kept for one release."""
+        return self.handover
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Where a patch reaches beyond its targets: rare, each optional, each shown by ``status`` and
+    docs/patches.md.
+
+    ``triggers``: places whose import runs the patch but which it does not change (the engine hooks
+    and resolves the ``Site`` on them instead; e.g. a package's ``__file__``). ``secondary``:
+    further attributes the fix replaces; ``computed``: further families of them found in the live
+    module. ``via``: enclosing callables the target is only reached through (experts through the
+    MoE block's forward): another owner holding one makes the record ``yielded`` or ``superseded``.
+    ``copies_in``: packages whose modules may hold copies of a module-level target taken with
+    ``from ... import``: the engine rebinds each to the fix's value and restores it on revert.
+    ``stale_values()``: for targets another owner replaced, the value each held before, which
+    earlier copies still hold; the engine rebinds those copies to the live value (the targets are
+    then the copies' sources, not sites). ``in_place(site)``: for a fix that leaves no mark on its
+    target (``computed`` sites), whether it is live already (decided again: ``already in place``).
+    """
+
+    triggers: tuple[Target, ...] = ()
+    secondary: tuple[Target, ...] = ()
+    computed: tuple[ComputedSites, ...] = ()
+    via: tuple[Target, ...] = ()
+    copies_in: tuple[str, ...] = ()
+    stale_values: Callable[[], dict[Target, Any]] | None = None
+    in_place: Callable[[Site], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stale_values is not None and not self.copies_in:
+            raise ValueError("Reach.stale_values is declared for copies only (copies_in)")
+
+
+#: The keyword arguments of ``Patch`` before 0.2, now fields of :class:`Reach` (accepted, with a
+#: ``DeprecationWarning``, for one release).
+_FORMER = {
+    "triggers": "triggers",
+    "secondary": "secondary",
+    "computed": "computed",
+    "via": "via",
+    "copies": "copies_in",
+    "stale": "stale_values",
+    "in_place": "in_place",
+}
 
 
 @dataclass(frozen=True)
 class Patch:
     """A runtime fix and everything the engine needs to decide whether and where to apply it.
 
-    ``check(site)`` inspects the live target and returns ``APPLY``, ``fixed_upstream(...)`` or
-    ``unsupported(...)``; ``fix(site)`` applies the fix and returns an ``Undo``. ``yields_to``
-    holds detectors returning the name of another owner of the target (e.g. Liger-Kernel), or
-    ``None``; a patch whose target is owned elsewhere records ``yielded`` and stays off.
-    ``via`` names enclosing callables the target is only reached through (experts through the
-    MoE block's forward): when another owner holds one of them, our fix does not run, so the
-    record is ``yielded`` (owner recognised by a detector) or ``superseded`` (unknown owner).
-
-    Everything else the patch touches is declared too, so ``status`` and ``docs/patches.md`` show
-    it: ``triggers`` are places whose import runs the patch but which it does not change (the
-    engine hooks and resolves the ``Site`` on them instead of on ``targets``; e.g. a package's
-    ``__file__``); ``secondary`` are further attributes the fix replaces besides the target,
-    ``computed`` further families of them found in the live module (:class:`ComputedSites`);
-    ``copies`` names packages whose modules may hold copies of a module-level target taken with
-    ``from ... import`` before the fix: the engine rebinds each to the fix's value, declares them
-    as sites and restores them on revert (``_copies``). ``stale`` is for a patch whose targets
-    another owner replaced (vllm-ascend rebinding vLLM's ``FusedMoE``): it returns, for each target
-    so replaced, the value it held before, which copies taken earlier still hold; the engine
-    rebinds those copies to the target's live value (the fix then changes nothing else, and the
-    targets are the copies' sources, not sites). ``static`` is its rule on a release's source for
-    the decision table. ``in_place(site)``, for a fix that installs elsewhere than its target
-    (``computed`` sites) and leaves no mark there, says whether it is live for ``site`` already:
-    deciding again is then ``already in place``, as for a target holding our marked value.
-
-    ``defined_at`` (``path.py:line``, shown by ``list --json`` and ``status --all``) is filled in
-    when the patch is made: the line of the family (or plugin) that made it, past the helpers in
-    ``patches/_*.py`` that build patches for families.
+    ``targets``: where it applies (variants: the first found live is used). ``check(site)``
+    inspects the live target and returns ``APPLY``, ``fixed_upstream(...)`` or ``unsupported(...)``;
+    ``fix(site)`` applies the fix and returns an ``Undo``. ``groups``, ``default`` (off: opt-in),
+    ``requires`` (distribution specifiers), ``device`` and ``reference`` decide and explain when it
+    runs. ``yields_to``: detectors naming another owner of the target (Liger-Kernel, verl), which
+    the patch then leaves alone (``yielded``). ``static``: its rule on a release's source, for the
+    decision table. ``reach``: the rare rest (:class:`Reach`). ``defined_at`` (``path.py:line``)
+    is filled in when the patch is made: the family's (or plugin's) line, past the kit's helpers.
     """
 
     name: str
@@ -184,14 +216,8 @@ class Patch:
     device: Device = "npu-stack"
     default: bool = True
     yields_to: tuple[Callable[[Site], str | None], ...] = ()
-    via: tuple[Target, ...] = ()
-    triggers: tuple[Target, ...] = ()
-    secondary: tuple[Target, ...] = ()
-    computed: tuple[ComputedSites, ...] = ()
-    copies: tuple[str, ...] = ()
-    stale: Callable[[], dict[Target, Any]] | None = None
     static: StaticRule | None = None
-    in_place: Callable[[Site], bool] | None = None
+    reach: Reach = Reach()
     defined_at: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -199,10 +225,8 @@ class Patch:
             raise ValueError(f"patch name must be a dotted word, got {self.name!r}")
         if not self.targets:
             raise ValueError(f"patch {self.name} has no targets")
-        if self.copies and any("." in t.qualname for t in self.targets):
+        if self.reach.copies_in and any("." in t.qualname for t in self.targets):
             raise ValueError(f"patch {self.name}: copies are rebound for module-level targets only")
-        if self.stale is not None and not self.copies:
-            raise ValueError(f"patch {self.name}: stale values are declared for copies only")
         if self.device not in ("npu-stack", "npu-device", "any"):
             raise ValueError(f"patch {self.name}: unknown device requirement {self.device!r}")
         if not self.defined_at:
@@ -212,11 +236,29 @@ class Patch:
     def hooks(self) -> tuple[Target, ...]:
         """Where the engine hooks and resolves the site, in variant order: the triggers when the
         patch declares any, else its targets."""
-        return self.triggers or self.targets
+        return self.reach.triggers or self.targets
 
     def touches(self) -> tuple[Target, ...]:
         """Every place the patch declares: hooks first, then targets and secondary sites."""
-        return tuple(dict.fromkeys((*self.triggers, *self.targets, *self.secondary)))
+        return tuple(dict.fromkeys((*self.reach.triggers, *self.targets, *self.reach.secondary)))
+
+
+_made = Patch.__init__
+
+
+def _accept_former(self: Patch, *args: Any, **kwargs: Any) -> None:
+    """``Patch``'s constructor, also taking the keyword arguments of before 0.2 (``_FORMER``)."""
+    former = {key: kwargs.pop(key) for key in list(kwargs) if key in _FORMER}
+    if former:
+        import warnings
+
+        moved = ", ".join(f"{key}= -> reach=Reach({_FORMER[key]}=...)" for key in former)
+        warnings.warn(f"Patch({moved}): the rare fields moved into Reach", DeprecationWarning, stacklevel=3)
+        kwargs["reach"] = Reach(**{_FORMER[key]: value for key, value in former.items()})
+    _made(self, *args, **kwargs)
+
+
+Patch.__init__ = _accept_former  # type: ignore[method-assign]
 
 
 def _maker() -> str:

@@ -2,7 +2,7 @@
 module found the host plainly inactive: decide from the configuration whether this host is inactive,
 guard other threads' imports while the engine activates, activate it, and patch the package
 itself. Imported by the activating loader of the start-up module (outside the interpreter's
-global import lock), named by its ``WORK`` rather than imported (the start-up module is the bottom
+global import lock), named by its ``ACTIVATION`` rather than imported (the start-up module is the bottom
 layer); it wakes the engine. Standard library only, light.
 
 While the engine activates, the observer *guards* imports (``Observer.guard``): every watched package
@@ -50,7 +50,7 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
                 loader.inactive = True  # where an activation ran out of stack: untouched, still resuming
             else:
                 loader.inactive = inactive_here()
-                OBSERVER.fall_inactive(spec.name) if loader.inactive else OBSERVER.wake(spec.name)
+                OBSERVER.retire_inactive(spec.name) if loader.inactive else OBSERVER.wake(spec.name)
         except Exception:  # the decision is retried by exec_module (engine.activate); the import must go on
             pass
     create = getattr(loader.loader, "create_module", None)
@@ -103,7 +103,7 @@ def _strict(exc: BaseException) -> bool:
     return engine is not None and isinstance(exc, engine.PatchError)
 
 
-def held(observer: "StartupObserver", fullname: str, path: "Any", target: "Any") -> "ModuleSpec | None":
+def waits_for_activation(observer: "StartupObserver", fullname: str, path: "Any", target: "Any") -> "ModuleSpec | None":
     """The guarding (or resuming) observer's answer for a name outside the watched packages.
     Resuming, a module of a watched package gets an activating loader. Guarding, for threads other
     than the activating one, the modules of the gated packages (the watched ones and the other
@@ -143,6 +143,6 @@ def after_fork_in_child() -> None:
             engine.engine().after_fork()
         if OBSERVER.mode == "guarding" and OBSERVER.activator != _thread.get_ident():  # the engine's part was done
             status = "not-activated" if engine is None else engine.engine().status
-            OBSERVER.observe_again(True) if status == "not-activated" else OBSERVER.retire()
+            OBSERVER.resume_observing(True) if status == "not-activated" else OBSERVER.retire()
     except Exception:  # a fork handler must not raise in the child; it then imports unguarded
         pass

@@ -29,10 +29,10 @@ WATCHED = frozenset(
 )
 
 #: The module the activating loader hands its work to (``create_module``, ``exec_module``, the
-#: guarding rule ``held``, the fork handler), named, never imported by an import statement: this is
+#: guarding rule ``waits_for_activation``, the fork handler), named, never imported by an import statement: this is
 #: the bottom layer (the ``.pth`` line names it the same way), and nothing of the package is loaded
 #: until a watched import needs it. ``tests/unit/test_layout.py`` checks the name.
-WORK = "verl_npu_autopatch.bootstrap.activation"
+ACTIVATION = "verl_npu_autopatch.bootstrap.activation"
 
 #: The on/off words of every boolean variable (any case, surrounding spaces ignored).
 TRUE = frozenset({"1", "true", "yes", "on", "y", "t", "enable", "enabled"})
@@ -116,13 +116,13 @@ class Observer:
       re-executions alone (``importlib.reload``, or a fresh import after leaving ``sys.modules``:
       wrapt's hooks fire once per name), which the :meth:`watch` watchers answer;
     - ``retired``: off ``sys.meta_path``, its work here over (a ``.pth`` processed again puts no
-      observer back); an abandoned activation makes it resume (:meth:`observe_again`).
+      observer back); an abandoned activation makes it resume (:meth:`resume_observing`).
 
     In every mode a name in :attr:`again` (a module a fix went in on) is first offered to the
     watchers: this is the process's one finder of ours.
     """
 
-    __slots__ = ("activator", "again", "at_fork", "engine", "gated", "mode", "trigger", "watchers", "woken_inactive")
+    __slots__ = ("activator", "again", "at_fork", "engine", "gated", "inactive_trigger", "mode", "trigger", "watchers")
 
     #: Marks the observer on ``sys.meta_path`` (:func:`is_hook`).
     verl_npu_autopatch_observer = True
@@ -132,7 +132,7 @@ class Observer:
         self.gated: frozenset[str] | None = WATCHED  # guarding: the packages held (None: all)
         self.activator: int | None = None  # the thread that activates
         self.trigger = ""  # the watched package whose import began the activation
-        self.woken_inactive = ""  # the watched package whose import found this host inactive
+        self.inactive_trigger = ""  # the watched package whose import found this host inactive
         self.engine: Any = None  # the process-wide engine, kept with the observer (:data:`ANCHOR`)
         self.at_fork = False  # the fork handler is registered (once per process)
         self.again: frozenset[str] = frozenset()  # modules whose re-execution the watchers answer
@@ -143,7 +143,7 @@ class Observer:
     ) -> "ModuleSpec | None":
         """A re-executed patched module's spec from its watcher; a watched package's real spec with
         an activating loader; else ``None`` (two frozenset lookups), unless guarding or resuming:
-        then ``_activation.held`` (loaded: an activation began) decides."""
+        then ``_activation.waits_for_activation`` (loaded: an activation began) decides."""
         if fullname in self.again:
             spec = self._again(fullname, path, target)
             if spec is not None:
@@ -155,8 +155,8 @@ class Observer:
             return None if spec is None else activating(spec, None)
         if self.mode == "observing":
             return None
-        work = sys.modules.get(WORK)
-        return None if work is None else work.held(self, fullname, path, target)
+        work = sys.modules.get(ACTIVATION)
+        return None if work is None else work.waits_for_activation(self, fullname, path, target)
 
     def _again(self, fullname, path, target):
         for watcher in list(self.watchers):
@@ -172,12 +172,12 @@ class Observer:
         if not any(w is watcher for w in self.watchers):
             self.watchers = [*self.watchers, watcher]
         self.again = self.again | {name}
-        if not self.installed():
+        if not self.on_meta_path():
             sys.meta_path.insert(0, self)
             if self.mode == "retired":
                 self.mode = "watching"
 
-    def installed(self) -> bool:
+    def on_meta_path(self) -> bool:
         """This observer is on ``sys.meta_path``."""
         return any(finder is self for finder in sys.meta_path)
 
@@ -201,7 +201,7 @@ class Observer:
                 self.observe()
         except Exception:  # start-up code never raises; the import then goes on unobserved
             pass
-        return (self.find_spec if self.installed() else real_spec)(fullname, path, target)
+        return (self.find_spec if self.on_meta_path() else real_spec)(fullname, path, target)
 
     def start(self) -> None:
         """Observe, unless idle: the entry point of the PEP 829 ``.start`` file (Python 3.15+).
@@ -215,7 +215,7 @@ class Observer:
     def observe(self) -> None:
         """On ``sys.meta_path`` once (observing unless guarding), in the first placeholder's place (so
         an import iterating over the list sees one or the other), else at the front; the rest leave."""
-        if not self.installed():
+        if not self.on_meta_path():
             for index, finder in enumerate(sys.meta_path):
                 if _placeholder(finder):
                     sys.meta_path[index] = self
@@ -228,7 +228,7 @@ class Observer:
 
     def wake(self, trigger: str) -> None:
         """Watched package ``trigger`` starts loading in this thread: guard (unless already guarding)."""
-        if self.installed() and self.mode != "guarding":
+        if self.on_meta_path() and self.mode != "guarding":
             self.trigger = trigger
             self.guard(get_ident())
 
@@ -237,7 +237,7 @@ class Observer:
         run) every module until the catalog is known (``packages`` is ``None``), then the
         watched packages plus ``packages`` (the other target packages)."""
         try:
-            _work()  # the guarding rule (``held``) and the fork handler live there: loaded first
+            _activation_module()  # the guarding rule and the fork handler live there: loaded first
             _fork_safe()
             self.observe()
             self.activator = activator
@@ -250,7 +250,7 @@ class Observer:
         """Activation is over, or decided against: ``watching`` while fixes went in (:meth:`watch`),
         else off ``sys.meta_path`` for good."""
         self.gated, self.activator, self.trigger = WATCHED, None, ""
-        if self.again and self.installed():
+        if self.again and self.on_meta_path():
             self.mode = "watching"
             return
         try:
@@ -259,12 +259,12 @@ class Observer:
             pass
         self.mode = "retired"
 
-    def fall_inactive(self, name: str) -> None:
+    def retire_inactive(self, name: str) -> None:
         """The import of watched package ``name`` found this host inactive: remember it and retire."""
-        self.woken_inactive = self.woken_inactive or name
+        self.inactive_trigger = self.inactive_trigger or name
         self.retire()
 
-    def observe_again(self, hooked: bool) -> None:
+    def resume_observing(self, hooked: bool) -> None:
         """An activation was abandoned: stop guarding and, if the start-up hook was in place
         (``hooked``), resume: the next import of a watched package, or of one of its modules, activates."""
         self.retire()
@@ -284,7 +284,7 @@ def _fork_safe():
 
 
 def _after_fork_in_child():
-    getattr(sys.modules.get(WORK), "after_fork_in_child", lambda: None)()
+    getattr(sys.modules.get(ACTIVATION), "after_fork_in_child", lambda: None)()
 
 
 def activating(spec, waits_for):
@@ -325,10 +325,10 @@ def _namespace_loader(spec):
         return None
 
 
-def _work():
-    """The module :data:`WORK` names, imported if it is not yet: from this file's own package,
+def _activation_module():
+    """The module :data:`ACTIVATION` names, imported if it is not yet: from this file's own package,
     never a namesake found first on ``sys.path`` (a user's script ``verl_npu_autopatch.py``)."""
-    package = WORK.partition(".")[0]
+    package = ACTIVATION.partition(".")[0]
     try:  # loaded as the import system would, under its module lock
         bootstrap = sys.modules["_frozen_importlib"]
         with bootstrap._ModuleLockManager(package):
@@ -340,8 +340,8 @@ def _work():
                 bootstrap._load_unlocked(finder.find_spec(package, [home]))
     except Exception:  # the import system's private names changed: the import below finds it on sys.path
         pass
-    __import__(WORK)  # waits for another thread importing it
-    return sys.modules[WORK]
+    __import__(ACTIVATION)  # waits for another thread importing it
+    return sys.modules[ACTIVATION]
 
 
 class ActivatingLoader:
@@ -361,10 +361,10 @@ class ActivatingLoader:
         ``_activation``), before the module is in ``sys.modules``."""
         if self.waits_for is None and plainly_inactive():
             self.inactive = True
-            OBSERVER.fall_inactive(spec.name)
+            OBSERVER.retire_inactive(spec.name)
         else:
             try:
-                work = _work()
+                work = _activation_module()
             except Exception:  # a broken install: the observer leaves, the package loads untouched
                 OBSERVER.retire()
                 self.broken = True
@@ -382,7 +382,7 @@ class ActivatingLoader:
                 if getattr(module, "__spec__", None) is not None:
                     module.__spec__.loader = self.loader
                 return self.loader.exec_module(module)
-            return _work().exec_module(self, module)
+            return _activation_module().exec_module(self, module)
         except BaseException as exc:
             unframed(exc, ActivatingLoader.exec_module.__code__)
             raise

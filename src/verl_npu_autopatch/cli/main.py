@@ -39,7 +39,7 @@ SHOWN_DISTRIBUTIONS = (
 )
 
 
-def install_files() -> list[str]:
+def startup_files() -> list[str]:
     """Where this environment's start-up files are (``.pth`` and PEP 829 ``.start``)."""
     dirs = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
     found = []
@@ -63,12 +63,14 @@ def touches(patch: Patch) -> list[str]:
     """Everything ``patch`` declares it touches, one line each: its targets, then the triggers whose
     import runs it, the secondary sites its fix also changes and the upstream files its static rule
     reads for the decision table."""
-    source = STALE_SOURCE if patch.stale is not None else ""  # another owner replaced them: their copies are fixed
+    source = (
+        STALE_SOURCE if patch.reach.stale_values is not None else ""
+    )  # another owner replaced them: their copies are fixed
     lines = [source + _with_requires(t) for t in patch.targets]
-    lines += [f"triggered by {_with_requires(t)}" for t in patch.triggers]
-    lines += [f"also changes {t}" for t in patch.secondary]
-    lines += [f"also changes {sites} (found in the live module)" for sites in patch.computed]
-    lines += [f"also changes {p}.*:<copies of the target> (found in the live modules)" for p in patch.copies]
+    lines += [f"triggered by {_with_requires(t)}" for t in patch.reach.triggers]
+    lines += [f"also changes {t}" for t in patch.reach.secondary]
+    lines += [f"also changes {sites} (found in the live module)" for sites in patch.reach.computed]
+    lines += [f"also changes {p}.*:<copies of the target> (found in the live modules)" for p in patch.reach.copies_in]
     if patch.static is not None:
         lines.append("decision table reads " + ", ".join(f for rule in patch.static.rules() for f in rule.reads))
     return lines
@@ -110,12 +112,12 @@ def status_data(timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
                 "versions": plan.versions,
             }
         )
-    files = install_files()
+    files = startup_files()
     return {
         "version": __version__,
         "package": str(Path(__file__).parent),
         "python": sys.executable,
-        "install_files": files,
+        "startup_files": files,
         "observer_installed": OBSERVER.hooked(),
         "observer": OBSERVER.mode,
         "site_disabled": bool(sys.flags.no_site),
@@ -165,7 +167,7 @@ def status_attention(data: dict[str, Any]) -> list[str]:
     items = [f"ERROR: {text}" for text in data["errors"]]
     items += [f"WARNING: {text}" for text in data["warnings"]]
     items += [f"plugin {e['name']} failed to load: {e['error']}" for e in data["load_errors"]]
-    if not data["install_files"]:
+    if not data["startup_files"]:
         items.append("the start-up hook (.pth) is not installed in this environment: see docs/troubleshooting.md")
     return items
 
@@ -194,7 +196,7 @@ def print_status(data: dict[str, Any], full: bool = False) -> None:
     say(f"package: {data['package']}")
     say(f"python: {data['python']}")
     show("start-up files:")
-    for path in data["install_files"] or ["NOT FOUND: start-up hook not installed in this environment"]:
+    for path in data["startup_files"] or ["NOT FOUND: start-up hook not installed in this environment"]:
         say(path, indent="  ")
     say(f"start-up hook in this process: {hook_state(data)}")
     say("configuration: " + ", ".join(f"{k}={v}" for k, v in data["configuration"].items() if k != "warnings"))

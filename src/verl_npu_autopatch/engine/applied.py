@@ -3,7 +3,7 @@ in the patch's slot, what was installed remembered there, re-checked against the
 (``ownership.recheck``), applied again after ``importlib.reload``, handed over between patches
 (it is the :class:`~verl_npu_autopatch.authoring.handover.HandOver` the fixes' sites carry) and reverted.
 
-:class:`Installations` acts on the engine's slots (``_slots.Slots``), given at its creation, and
+:class:`AppliedFixes` acts on the engine's slots (``_slots.Slots``), given at its creation, and
 knows nothing else of the engine."""
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ if TYPE_CHECKING:  # ``ownership`` is imported on first use: the inactive path n
     Decided = TypeVar("Decided")
 
 
-__all__ = ["Installations"]
+__all__ = ["AppliedFixes"]
 
 
-class Installations:
+class AppliedFixes:
     """The ownership and hand-over half of an engine: what its fixes installed, and who owns
     each of those targets now."""
 
@@ -104,7 +104,7 @@ class Installations:
                 outcome = decision.Outcome("failed", reason, stage="load", error=exc)
             else:
                 outcome = decision.run(
-                    loaded, slot.variants, slot.record.versions, module, config, absent=absent, engine=self
+                    loaded, slot.variants, slot.record.versions, module, config, absent=absent, handover=self
                 )
             return self._record_outcome(slot, outcome, module, config)
         finally:
@@ -149,7 +149,7 @@ class Installations:
 
         installed = ownership.installation(site, reason, undo)
         with self._slots.lock:
-            slot.installed = installed
+            slot.footprint = installed
             if self._reexecutions is None:
                 self._reexecutions = ownership.Reexecutions(self._watches, self._on_reload)
             reexecutions = self._reexecutions
@@ -160,13 +160,13 @@ class Installations:
         record to ``applied``, ``yielded`` or ``superseded`` accordingly. Never raises."""
         from verl_npu_autopatch.engine import ownership
 
-        def recheck(slot: Slot, where: ownership.Installation) -> tuple[RecordState, str]:
+        def recheck(slot: Slot, where: ownership.Footprint) -> tuple[RecordState, str]:
             return ownership.recheck(_patch_of(slot), slot.record.versions, where, self)
 
-        for slot, where, (state, reason) in self._decide_each(lambda slot: slot.installed, recheck):
+        for slot, where, (state, reason) in self._decide_each(lambda slot: slot.footprint, recheck):
             record = slot.record
             with self._slots.lock:
-                if slot.installed is not where or record.state not in ownership.RECHECKED_STATES:
+                if slot.footprint is not where or record.state not in ownership.RECHECKED_STATES:
                     continue  # reverted, yielded or re-applied meanwhile
                 changed = (record.state, record.reason) != (state, reason)
             if changed:
@@ -193,12 +193,12 @@ class Installations:
                 self._slots.set_state(record, "yielded", reason)
 
     def _decide_each(
-        self, held: Callable[[Slot], Held | None], decide: Callable[[Slot, Held], Decided]
+        self, value_of: Callable[[Slot], Held | None], decide: Callable[[Slot, Held], Decided]
     ) -> Iterator[tuple[Slot, Held, Decided]]:
-        """``(slot, value, decide(slot, value))`` for each slot whose ``held(slot)`` is set (read
-        under the lock, decided outside it); a slot whose ``decide`` raises is logged and left out."""
+        """``(slot, value, decide(slot, value))`` for each slot whose ``value_of(slot)`` is set (read under
+        the lock, decided outside it); a slot whose ``decide`` raises is logged and left out."""
         with self._slots.lock:
-            pairs = [(slot, value) for slot in self._slots.values() if (value := held(slot)) is not None]
+            pairs = [(slot, value) for slot in self._slots.values() if (value := value_of(slot)) is not None]
         for slot, value in pairs:
             try:
                 decided = decide(slot, value)
@@ -210,7 +210,7 @@ class Installations:
     def _watches(self, module: str) -> bool:
         """Whether a reload of ``module`` concerns an applied or displaced patch."""
         with self._slots.lock:
-            return any(s.installed is not None and s.installed.target.module == module for s in self._slots.values())
+            return any(s.footprint is not None and s.footprint.target.module == module for s in self._slots.values())
 
     def _on_reload(self, module: ModuleType, how: str) -> None:
         """``module`` was executed again (``importlib.reload``, or imported afresh after leaving
@@ -223,8 +223,8 @@ class Installations:
             reloaded = [
                 slot
                 for slot in self._slots.values()
-                if slot.installed is not None
-                and slot.installed.target.module == module.__name__
+                if slot.footprint is not None
+                and slot.footprint.target.module == module.__name__
                 and slot.record.state in ownership.RECHECKED_STATES
             ]
             for slot in reloaded:
@@ -237,7 +237,7 @@ class Installations:
                 log.logger().debug("re-applying %s after reload raised", slot.record.name, exc_info=True)
             record = slot.record
             with self._slots.lock:
-                where = slot.installed if record.state == "applied" else None
+                where = slot.footprint if record.state == "applied" else None
                 if where is not None:
                     where.reason = f"{where.reason}; again after {how}"
             if where is not None:
@@ -263,8 +263,8 @@ class Installations:
                 return
             record = slot.record
             reason = f"{record.reason}; {text}"
-            if slot.installed is not None:
-                slot.installed.reason = reason
+            if slot.footprint is not None:
+                slot.footprint.reason = reason
         self._slots.set_state(record, "applied", reason)
 
     def reapply(self, name: str, when: Callable[[Any], bool]) -> bool:
@@ -276,7 +276,7 @@ class Installations:
 
         with self._slots.lock:
             slot = self._slots.get(name)
-            where = None if slot is None else slot.installed
+            where = None if slot is None else slot.footprint
             if slot is None or where is None or where.checks != "ours":
                 return False
             found = ownership.lookup(where.module, where.target.qualname)
@@ -319,7 +319,7 @@ class Installations:
             record = slot.record
             with self._slots.lock:
                 displaced = ""
-                if slot.installed is not None and record.state != "applied" and _on_live_module(slot.installed):
+                if slot.footprint is not None and record.state != "applied" and _on_live_module(slot.footprint):
                     displaced = f"{record.state}: {record.reason}"
                 else:
                     undos = [step for step in (slot.release(), *slot.stale) if step is not None]
@@ -373,7 +373,7 @@ def _names_owner(reason: str, name: str) -> bool:
     return reason == prefix or reason.startswith((f"{prefix} ", f"{prefix},", f"{prefix};"))
 
 
-def _on_live_module(installed: ownership.Installation) -> bool:
+def _on_live_module(installed: ownership.Footprint) -> bool:
     """Whether the module the fix went in on is still the one imported: a displaced fix there is
     another owner's to keep; one left on a module gone from ``sys.modules`` is undone and unwatched."""
     return sys.modules.get(installed.target.module) is installed.module

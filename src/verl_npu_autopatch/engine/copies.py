@@ -2,7 +2,7 @@
 
 A module that ran ``from pkg.mod import name`` before a fix replaced ``pkg.mod.name`` keeps the
 upstream object under its own global; one imported later reads the patched attribute and needs
-nothing (until revert). For a patch that declares ``Patch.copies`` (packages), the engine
+nothing (until revert). For a patch that declares ``Reach.copies_in`` (packages), the engine
 rebinds, in every imported module of those packages, each global holding the value the fix
 replaced to the value it left (:func:`rebind`, run by the pipeline right after the fix; its undo
 puts the original back in every copy, those taken since included), and the declared sites are
@@ -10,7 +10,7 @@ every such copy (:func:`sites`: globals there holding the target's live value), 
 re-check and the contract check them.
 
 A patch whose targets another owner replaced (vllm-ascend rebinding vLLM's ``FusedMoE`` in the
-package but not in the model modules that copied it earlier) declares ``Patch.stale``: the earlier
+package but not in the model modules that copied it earlier) declares ``Reach.stale_values``: the earlier
 value of each such target. The same rebinding then moves the copies still holding an earlier value
 to the target's live value (another owner's, so unmarked), and its undo puts the earlier value
 back in exactly the copies it rebound.
@@ -64,8 +64,8 @@ def _live(target: Target) -> Any:
 
 def replaced(patch: Patch) -> list[tuple[Target, Any, Any]]:
     """``(target, earlier value, live value)`` of each target of ``patch`` another owner replaced,
-    as ``patch.stale`` names them (none when it declares no ``stale``)."""
-    earlier = patch.stale() if patch.stale is not None else {}
+    as ``patch.reach.stale_values`` names them (none when it declares no ``stale``)."""
+    earlier = patch.reach.stale_values() if patch.reach.stale_values is not None else {}
     found = []
     for target, before in earlier.items():
         live = _live(target)
@@ -77,39 +77,41 @@ def replaced(patch: Patch) -> list[tuple[Target, Any, Any]]:
 def sites(patch: Patch) -> dict[str, Any]:
     """The copies of each imported module-level target of ``patch`` (of each target another owner
     replaced, for a patch declaring ``stale``): ``module:name`` -> value, for every global in the
-    imported modules of ``patch.copies`` holding the target's live value."""
+    imported modules of ``patch.reach.copies_in`` holding the target's live value."""
     found: dict[str, Any] = {}
-    if not patch.copies:
+    if not patch.reach.copies_in:
         return found
-    stale = patch.stale is not None
+    stale = patch.reach.stale_values is not None
     sources = [(t, live) for t, _, live in replaced(patch)] if stale else [(t, _live(t)) for t in patch.targets]
     for target, value in sources:
         if value is not None:
-            found.update((f"{m.__name__}:{n}", value) for m, n in _globals_holding(patch.copies, value, str(target)))
+            found.update(
+                (f"{m.__name__}:{n}", value) for m, n in _globals_holding(patch.reach.copies_in, value, str(target))
+            )
     return found
 
 
 def left_behind(patch: Patch) -> list[str]:
     """``module:name`` of every copy still holding the earlier value of a target another owner
-    replaced (``patch.stale``)."""
+    replaced (``patch.reach.stale_values``)."""
     return [
         f"{m.__name__}:{n}"
         for target, before, _ in replaced(patch)
-        for m, n in _globals_holding(patch.copies, before, str(target))
+        for m, n in _globals_holding(patch.reach.copies_in, before, str(target))
     ]
 
 
 def in_place(patch: Patch) -> bool:
     """Whether a patch declaring ``stale`` has nothing left to do: a target was replaced by
     another owner and no copy holds an earlier value."""
-    return patch.stale is not None and bool(replaced(patch)) and not left_behind(patch)
+    return patch.reach.stale_values is not None and bool(replaced(patch)) and not left_behind(patch)
 
 
 def _pairs(site: Site) -> list[tuple[Target, Any, Any]]:
     """``(target, earlier, live)`` whose copies the fix at ``site`` leaves to rebind: the targets
     another owner replaced (``stale``), else the module-level target the fix replaced itself."""
     patch = site.patch
-    if patch.stale is not None:
+    if patch.reach.stale_values is not None:
         return replaced(patch)
     if site.owner is not site.module or site.target not in patch.targets:
         return []
@@ -119,19 +121,19 @@ def _pairs(site: Site) -> list[tuple[Target, Any, Any]]:
 
 def rebind(site: Site, undo: Undo) -> Undo:
     """After the fix at ``site``: rebind every copy of an earlier value in the imported modules of
-    ``site.patch.copies`` to its target's live value (the fix's own value, or another owner's for
+    ``site.patch.reach.copies_in`` to its target's live value (the fix's own value, or another owner's for
     a patch declaring ``stale``). The undo returned puts the earlier value back in every copy
     rebound here that still holds the live value, and, when that value is the fix's own (it
     leaves with the undo), in every copy taken from the fixed module since; then runs ``undo``."""
-    pairs = _pairs(site) if site.patch.copies else []
+    pairs = _pairs(site) if site.patch.reach.copies_in else []
     if not pairs:
         return undo
-    packages, rebound = site.patch.copies, set()
+    packages, rebound = site.patch.reach.copies_in, set()
     for target, before, live in pairs:
         for module, name in list(_globals_holding(packages, before, str(target))):
             setattr(module, name, live)
             rebound.add((module, name))
-    own = site.patch.stale is None
+    own = site.patch.reach.stale_values is None
 
     def restore() -> None:
         for target, before, live in pairs:

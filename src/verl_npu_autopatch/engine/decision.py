@@ -4,7 +4,7 @@ and installed metadata only (shared by the engine and ``status``). When a target
 pass (:func:`run`): resolve a variant (which of a patch's variants is live, or why none can be:
 :func:`resolve`), gate on the device, yield to another owner, recognise our own fix, check, fix.
 It keeps no state and needs no wrapt; the engine records its :class:`Outcome` (see
-``_installed.Installations.apply``)."""
+``_installed.AppliedFixes.apply``)."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def run(
     config: Config,
     *,
     absent: Collection[str] = (),
-    engine: HandOver | None = None,
+    handover: HandOver | None = None,
     npu_visible: Callable[[], bool] = environment.npu_device_visible,
 ) -> Outcome:
     """Decide and, when it applies, install ``patch`` on the first live variant of ``variants``
@@ -137,7 +137,7 @@ def run(
     try:
         while True:
             stage = "resolve"
-            site, missing = resolve(patch, variants, versions, module, rejected, absent, engine)
+            site, missing = resolve(patch, variants, versions, module, rejected, absent, handover)
             if site is None:
                 if missing is None:
                     return Outcome("pending", target=target, rejected=rejected)
@@ -150,11 +150,11 @@ def run(
             yielded = f"target owned by {owner}" if owner else ownership.enclosing_owner(patch, site)
             if yielded:
                 return Outcome("yielded", yielded, target, rejected=rejected)
-            placed = patch.in_place is not None and patch.in_place(site)
+            placed = patch.reach.in_place is not None and patch.reach.in_place(site)
             if placed or marked_by(site.value) == patch.name or ownership.fixed_through_trigger(patch):
                 return Outcome("applied", f"already in place ({describe(site.value)})", target, site, None, rejected)
             if copies.in_place(patch):
-                reason = f"already in place: no copy in {', '.join(patch.copies)} holds a replaced value"
+                reason = f"already in place: no copy in {', '.join(patch.reach.copies_in)} holds a replaced value"
                 return Outcome("applied", reason, target, site, None, rejected)
             stage = "check"
             verdict = patch.check(site) if patch.check is not None else None
@@ -190,7 +190,7 @@ def resolve(
     module: ModuleType | None,
     rejected: Mapping[Target, str],
     absent: Collection[str] = (),
-    engine: HandOver | None = None,
+    handover: HandOver | None = None,
 ) -> tuple[Site | None, str | None]:
     """The first variant found in the live modules (``module`` standing for its own name) and
     not ``rejected`` by its check; or ``(None, why-unsupported)`` once every variant was imported
@@ -215,7 +215,7 @@ def resolve(
             continue
         owner, value = found
         attribute = target.qualname.rpartition(".")[2]
-        return Site(patch, target, live, owner, attribute, value, dict(versions), engine), None
+        return Site(patch, target, live, owner, attribute, value, dict(versions), handover), None
     if waiting:
         return None, None
     if not missing:  # every variant present was rejected: their checks say why

@@ -1,7 +1,7 @@
 """The engine's life cycle: activation, hook registration, applying each patch as its target is
 imported, and the in-process records (``report``, ``revert``). Its other jobs: ``_pipeline`` (one
 patch's decision, from its gates to its fix), ``_logging``, and the objects it holds, ``_slots.Slots``
-(the patches' slots), ``_hooks.Hooks`` and ``_installed.Installations`` (what was installed:
+(the patches' slots), ``_hooks.Hooks`` and ``_installed.AppliedFixes`` (what was installed:
 re-check, hand-over, revert; it acts on the slots); the start-up observer it drives, or a
 :class:`NullObserver`.
 
@@ -16,7 +16,7 @@ import _thread
 
 from verl_npu_autopatch.bootstrap.startup import OBSERVER
 from verl_npu_autopatch.engine import environment, log
-from verl_npu_autopatch.engine.applied import Installations
+from verl_npu_autopatch.engine.applied import AppliedFixes
 from verl_npu_autopatch.engine.config import Config, read_config
 from verl_npu_autopatch.engine.hooks import Hooks, blocked_on_us, stack_depth
 from verl_npu_autopatch.engine.log import LOGGER_NAME
@@ -50,7 +50,7 @@ class NullObserver:
     process's observer (``_startup.OBSERVER``) is the process-wide engine's alone; every other
     engine (tests, tools) gets this one, so it never touches the process's start-up hook."""
 
-    woken_inactive = ""
+    inactive_trigger = ""
 
     def hooked(self) -> bool:
         return False
@@ -61,7 +61,7 @@ class NullObserver:
     def retire(self) -> None:
         pass
 
-    def observe_again(self, hooked: bool) -> None:
+    def resume_observing(self, hooked: bool) -> None:
         pass
 
 
@@ -71,7 +71,7 @@ class Engine:
     ``catalog`` and ``config`` default to the built-in catalog (plus entry points) and the environment; tests
     pass their own. ``observer`` is the process's start-up observer, given to the process-wide engine alone (by
     default a :class:`NullObserver`). Each patch has one :class:`~._slots.Slot` in :attr:`slots` (their lock
-    also guards the status); its :class:`~._installed.Installations` is the fixes' ``site.engine`` (:attr:`hand_over`).
+    also guards the status); its :class:`~._installed.AppliedFixes` is the fixes' ``site.engine`` (:attr:`hand_over`).
     """
 
     def __init__(
@@ -91,11 +91,11 @@ class Engine:
         self.device = ""
         self.warnings: list[str] = []
         self._hooks = Hooks(self._on_import, PatchError)
-        self._installed = Installations(self.slots, PatchError)
+        self._installed = AppliedFixes(self.slots, PatchError)
         self._activator = 0
         self._observed = False  # the start-up hook was on sys.meta_path when activation began
         self._checked_names = False
-        self._deep_failed = 1 << 30  # the stack depth an activation ran out of stack at
+        self._out_of_stack_at: int | None = None  # the stack depth an activation ran out of stack at
 
     @property
     def observer(self) -> Observer | NullObserver:
@@ -103,7 +103,7 @@ class Engine:
         return self._observer
 
     def too_deep(self) -> bool:  # as deep in the stack as an activation that ran out of stack, or deeper
-        return stack_depth() >= self._deep_failed
+        return self._out_of_stack_at is not None and stack_depth() >= self._out_of_stack_at
 
     @property
     def records(self) -> dict[str, Record]:
@@ -116,14 +116,15 @@ class Engine:
 
         Runs once; a concurrent call waits until the first is done, later calls return at once.
         While it runs, the process-wide engine has the start-up observer guard imports (see
-        ``_activation.guard``), so a target imported meanwhile by another thread waits and
+        ``bootstrap.activation``), so a target imported meanwhile by another thread waits and
         is patched before its import completes. Never raises, except ``PatchError`` in strict
         mode. Never called with the interpreter's import lock held (the start-up observer
         activates from its loader, not from ``find_spec``). Interrupted (``KeyboardInterrupt``,
         ``SystemExit``: re-raised) or out of stack (``RecursionError``; then tried again only
         from a shallower stack), it goes back to not activated (:meth:`_abandon`)."""
         depth = stack_depth()
-        if depth >= self._deep_failed or not self._enter():  # too deep: see too_deep
+        failed_at = self._out_of_stack_at
+        if (failed_at is not None and depth >= failed_at) or not self._enter():  # too deep: see too_deep
             return
         observer = self._observer
         try:
@@ -163,7 +164,7 @@ class Engine:
 
                 attach(self, config.report_dir)
         except RecursionError:  # a first import deep in the stack, which fits without us: retried shallower
-            self._deep_failed = depth
+            self._out_of_stack_at = depth
             self._abandon(f"activation ran out of stack ({depth} frames deep); the next watched import activates")
         except BaseException as exc:
             if not isinstance(exc, Exception):  # Ctrl-C during a slow first import: activate again later
@@ -183,7 +184,7 @@ class Engine:
                 del slots[name]
             self._hooks.forget_imported()
             self._activator, self._checked_names, slots.config = 0, False, self._given_config
-        self._observer.observe_again(self._observed)
+        self._observer.resume_observing(self._observed)
 
     def after_fork(self) -> None:
         """In the child of ``os.fork()`` (``_activation`` registers the handler): the locks may be
@@ -333,7 +334,7 @@ class Engine:
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
     def revert(self, name: str | None = None) -> list[str]:
-        """Undo applied patches (all, one by name, or a group; :meth:`~._installed.Installations.revert`);
+        """Undo applied patches (all, one by name, or a group; :meth:`~._installed.AppliedFixes.revert`);
         a name of no patch or group reverts nothing and logs one warning with the closest names."""
         if name is not None and (not isinstance(name, str) or name not in (known := self._names())):
             from verl_npu_autopatch.engine.config import closest, shown
@@ -353,7 +354,7 @@ class Engine:
     @property
     def hand_over(self) -> HandOver:
         """What the fixes' ``site.engine`` is: the records, notes, re-applying and yielding of
-        patches that arbitrate (:class:`~._installed.Installations`)."""
+        patches that arbitrate (:class:`~._installed.AppliedFixes`)."""
         return self._installed
 
 
@@ -381,8 +382,8 @@ def report() -> Report:
     """What the process-wide engine decided so far, patch by patch, with the configuration
     warnings (also on hosts where it stays inactive)."""
     if _ENGINE.status == "not-activated":
-        if _ENGINE.observer.woken_inactive:
-            _ENGINE.activate(_ENGINE.observer.woken_inactive)  # the start-up hook found it inactive; say why
+        if _ENGINE.observer.inactive_trigger:
+            _ENGINE.activate(_ENGINE.observer.inactive_trigger)  # the start-up hook found it inactive; say why
         elif not read_config().enabled:
             _ENGINE.activate("report()")  # say that it is switched off
     if _ENGINE.status == "not-activated":

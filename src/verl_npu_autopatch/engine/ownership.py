@@ -2,7 +2,7 @@
 
 An ``applied`` record is a claim about the live attribute. :func:`recheck` re-checks it whenever a
 record is read: if our installed value is no longer what the target (or an enclosing callable
-the target is only reached through, ``Patch.via``) holds, the record becomes ``yielded`` when one
+the target is only reached through, ``Reach.via``) holds, the record becomes ``yielded`` when one
 of the patch's ``yields_to`` detectors recognises the new owner, else ``superseded`` naming it
 (``module.qualname``), or ``superseded: module reloaded`` when the module was re-executed or
 replaced in ``sys.modules``. :class:`Reexecutions` answers ``importlib.reload`` of a patched module
@@ -33,7 +33,7 @@ __all__ = [
     "RECHECKED_STATES",
     "THROUGH_TARGET",
     "Checks",
-    "Installation",
+    "Footprint",
     "Reexecutions",
     "declared_values",
     "detect",
@@ -57,7 +57,7 @@ THROUGH_TARGET = "verl_npu_autopatch_through_target"
 #: Record states a re-check may move between (``applied`` and the displaced states).
 RECHECKED_STATES: tuple[RecordState, ...] = ("applied", "superseded", "yielded")
 
-#: What :func:`recheck` checks on the target of an :class:`Installation`: ``ours``, the fix
+#: What :func:`recheck` checks on the target of an :class:`Footprint`: ``ours``, the fix
 #: replaced it and any other value there displaces us; ``through``, the fix installed elsewhere
 #: and runs only through upstream's value left there, which any value but one of ours displaces;
 #: ``reload``, the fix installed elsewhere and is checked for reloads only.
@@ -65,7 +65,7 @@ Checks = Literal["ours", "through", "reload"]
 
 
 @dataclass
-class Installation:
+class Footprint:
     """What an applied patch left where: ``owner.attribute`` holding ``value`` on ``module`` (as
     executed under ``spec``; ``checks`` says what verification expects of it), the raw value
     of each enclosing callable it is reached through, and the value it left at each further
@@ -135,11 +135,14 @@ def declared_values(patch: Patch) -> dict[str, Any]:
     ``triggers`` unless it declares ``stale``, ``computed`` and ``copies`` found live) -> its raw
     live value, keyed ``module:path``; a site whose module is not imported is left out."""
     values = {}
-    for target in (*patch.secondary, *(patch.targets if patch.triggers and patch.stale is None else ())):
+    for target in (
+        *patch.reach.secondary,
+        *(patch.targets if patch.reach.triggers and patch.reach.stale_values is None else ()),
+    ):
         module = sys.modules.get(target.module)
         if module is not None:
             values[str(target)] = site_value(module, target.qualname)
-    for family in patch.computed:
+    for family in patch.reach.computed:
         live = sys.modules.get(family.module)
         if live is not None:
             values.update({f"{family.module}:{path}": site_value(live, path) for path in family.find(live)})
@@ -158,7 +161,7 @@ def _lookup_in(target: Target, module: ModuleType) -> tuple[Any, Any] | None:
 def via_targets(patch: Patch, target: Target) -> tuple[Target, ...]:
     """The enclosing callables of ``patch`` that apply to the chosen variant ``target``
     (a variant that *is* the enclosing callable is not reached through itself)."""
-    return tuple(v for v in patch.via if (v.module, v.qualname) != (target.module, target.qualname))
+    return tuple(v for v in patch.reach.via if (v.module, v.qualname) != (target.module, target.qualname))
 
 
 def detect(patch: Patch, site: Site) -> str | None:
@@ -177,7 +180,7 @@ def reached_through_target(undo: Any) -> Any:
     return undo
 
 
-def installation(site: Site, reason: str, undo: Any = None) -> Installation:
+def installation(site: Site, reason: str, undo: Any = None) -> Footprint:
     """Remember what the fix left at ``site`` (read back live), the enclosing callables' values
     now, and the ``applied`` reason (restored if our value comes back). A fix that left the
     target itself untouched (it installs elsewhere) is checked for reloads only, unless its undo
@@ -196,10 +199,10 @@ def installation(site: Site, reason: str, undo: Any = None) -> Installation:
     spec = getattr(site.module, "__spec__", None)
     copy_sites = copies.sites(site.patch)  # a copy holds its source's live value: ours, or another owner's (stale)
     also = {w: v for w, v in declared_values(site.patch).items() if marked_by(v) == site.patch.name or w in copy_sites}
-    return Installation(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks, also)
+    return Footprint(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks, also)
 
 
-def recheck(patch: Patch, versions: dict, installed: Installation, engine: HandOver | None) -> tuple[RecordState, str]:
+def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver | None) -> tuple[RecordState, str]:
     """``(state, reason)`` of an applied patch against the live modules: ``applied`` (with the
     reason it was applied) while our value is still what runs, else ``yielded`` / ``superseded``
     naming the live owner."""
@@ -240,7 +243,7 @@ def recheck(patch: Patch, versions: dict, installed: Installation, engine: HandO
 
 
 def _displaced_site(
-    patch: Patch, versions: dict, installed: Installation, engine: HandOver | None
+    patch: Patch, versions: dict, installed: Footprint, engine: HandOver | None
 ) -> tuple[RecordState, str] | None:
     """``(state, reason)`` when a further declared site the fix changed no longer holds our
     value (another owner's: ``yielded`` when a detector recognises it), else ``None``."""
@@ -266,7 +269,7 @@ def _displaced_site(
 def fixed_through_trigger(patch: Patch) -> bool:
     """A patch hooked on a trigger whose every target already holds its fix (decided again after
     the trigger module was executed anew): the fix is in place."""
-    if not patch.triggers:
+    if not patch.reach.triggers:
         return False
     targets = {str(t) for t in patch.targets}
     values = [v for where, v in declared_values(patch).items() if where in targets]

@@ -1,6 +1,6 @@
 """The engine's slots: one per patch, everything the engine holds about it in this process
 (:class:`Slot`), and the store of them all (:class:`Slots`: their lock, the configuration they were
-planned from, recording a decision). The engine fills the store; its ``Installations`` acts on it."""
+planned from, recording a decision). The engine fills the store; its ``AppliedFixes`` acts on it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from verl_npu_autopatch.authoring.spec import Patch, Target, Undo
     from verl_npu_autopatch.engine.catalog import Declared
     from verl_npu_autopatch.engine.config import Config
-    from verl_npu_autopatch.engine.ownership import Installation
+    from verl_npu_autopatch.engine.ownership import Footprint
     from verl_npu_autopatch.engine.records import Record, RecordState
 
 __all__ = ["Slot", "Slots"]
@@ -33,14 +33,14 @@ class Slot:
     another owner at apply time (re-checked); ``claimed``: an application is under way.
     """
 
-    __slots__ = ("claimed", "installed", "patch", "record", "rejected", "stale", "undo", "variants", "yielded")
+    __slots__ = ("claimed", "footprint", "patch", "record", "rejected", "stale", "undo", "variants", "yielded")
 
     def __init__(self, patch: Patch | Declared | None, record: Record, variants: tuple[Target, ...] = ()) -> None:
         self.patch = patch
         self.record = record
         self.variants = variants
         self.rejected: dict[Target, str] = {}
-        self.installed: Installation | None = None
+        self.footprint: Footprint | None = None
         self.undo: Undo | None = None
         self.stale: list[Undo] = []
         self.yielded: Target | None = None
@@ -48,12 +48,12 @@ class Slot:
 
     def live(self) -> bool:
         """A fix of this patch went in and was not taken back (its undo is kept)."""
-        return self.undo is not None or self.installed is not None or bool(self.stale)
+        return self.undo is not None or self.footprint is not None or bool(self.stale)
 
     def release(self, keep: bool = False) -> Undo | None:
         """Forget what the fix installed (reverted, handed over, or to be applied afresh);
         returns its undo, also kept in :attr:`stale` with ``keep`` (the module was executed again)."""
-        undo, self.undo, self.installed = self.undo, None, None
+        undo, self.undo, self.footprint = self.undo, None, None
         if keep and undo is not None:
             self.stale.append(undo)
         return undo

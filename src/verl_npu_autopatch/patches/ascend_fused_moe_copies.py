@@ -10,7 +10,7 @@ model is built without vllm-ascend's MoE runner and the service fails to start (
 ``fused_moe_make_expert_params_mapping`` the same way (kept as
 ``_original_fused_moe_make_expert_params_mapping``), copied by the same modules.
 
-The fix is the engine's rebinding of copies (``Patch.copies``, ``Patch.stale``): right after
+The fix is the engine's rebinding of copies (``Reach.copies_in``, ``Reach.stale_values``): right after
 vllm-ascend's module ran (the trigger), every global of ``vllm.model_executor.models`` still
 holding vLLM's original of a replaced name is rebound to the package's live value, vllm-ascend's
 function; revert puts vLLM's original back in each. Decided from the code of vllm-ascend's module:
@@ -31,6 +31,7 @@ from verl_npu_autopatch.authoring import (
     APPLY,
     ModuleSource,
     Patch,
+    Reach,
     Site,
     StaticRule,
     Target,
@@ -72,7 +73,7 @@ def copies_rule(text: str | None, replaced: bool = True) -> Verdict:
 
 
 def earlier() -> dict[Target, Any]:
-    """vLLM's original of each name vllm-ascend's module replaced, as it keeps them (``Patch.stale``)."""
+    """vLLM's original of each name vllm-ascend's module replaced, as it keeps them (``Reach.stale_values``)."""
     module = sys.modules.get(PATCH_MODULE)
     found = {}
     for target in TARGETS:
@@ -141,11 +142,9 @@ PATCHES = [
         reference="https://github.com/vllm-project/vllm-ascend/issues/15815",
         groups=("ascend",),
         targets=TARGETS,
-        triggers=(Target.parse(f"{PATCH_MODULE}:__file__"),),
+        reach=Reach(triggers=(Target.parse(f"{PATCH_MODULE}:__file__"),), copies_in=(MODELS,), stale_values=earlier),
         check=_check,
         fix=copies_only,
-        copies=(MODELS,),
-        stale=earlier,
         static=StaticRule(
             _static,
             reads=(

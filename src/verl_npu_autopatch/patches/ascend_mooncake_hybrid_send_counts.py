@@ -36,6 +36,7 @@ from verl_npu_autopatch.authoring import (
     APPLY,
     RECIPE,
     Code,
+    Reach,
     Site,
     Undo,
     Verdict,
@@ -153,7 +154,7 @@ PATCHES = [
         rule=send_counts_rule,
         fix=_fix,
         opt_in="pd_disaggregation",
-        secondary=send_counts_rule.reading[1:],
+        reach=Reach(secondary=send_counts_rule.reading[1:]),
         reference=RECIPE,
     ),
 ]

@@ -36,6 +36,7 @@ from verl_npu_autopatch.authoring import (
     APPLY,
     RECIPE,
     Code,
+    Reach,
     Site,
     Undo,
     Verdict,
@@ -160,7 +161,7 @@ PATCHES = [
         rule=reregister_rule,
         fix=_fix,
         opt_in="pd_disaggregation",
-        secondary=reregister_rule.reading,
+        reach=Reach(secondary=reregister_rule.reading),
         reference=RECIPE,
     ),
 ]

@@ -37,6 +37,7 @@ from verl_npu_autopatch.authoring import (
     Code,
     ModuleSource,
     Patch,
+    Reach,
     Site,
     StaticRule,
     Undo,
@@ -110,7 +111,7 @@ def _carries_trim(site: Site, source: Callable[[], ModuleSource | None]) -> bool
     """Whether the capture installed here carries the trim: its patch is enabled in this engine
     (still pending: it runs after this one on the same trigger; or yielded to this one, when this
     one is applied again) and its rule applies to vllm-ascend's capture (``source()``, read only then)."""
-    record = site.engine.record(TRIM) if site.engine is not None else None
+    record = site.handover.record(TRIM) if site.handover is not None else None
     if record is None or not (record.state == "pending" or _yielded_here(record.state, record.reason, site)):
         return False
     read = source()
@@ -175,7 +176,7 @@ PATCHES = [
         reference="https://github.com/verl-project/verl/pull/7779",
         groups=("glm52", "ascend"),
         targets=(TARGET,),
-        triggers=(TRIGGER,),
+        reach=Reach(triggers=(TRIGGER,)),
         default=False,
         check=_check,
         fix=_fix,

@@ -22,6 +22,7 @@ from typing import Any
 from verl_npu_autopatch.authoring import (
     ABSENT,
     Patch,
+    Reach,
     Site,
     StaticRule,
     Undo,
@@ -134,7 +135,7 @@ PATCHES = [
         reference="https://github.com/verl-project/verl-ascend-recipe",
         groups=("dsv4", "ascend"),
         targets=(TARGET,),
-        triggers=(TRIGGER,),
+        reach=Reach(triggers=(TRIGGER,)),
         default=False,
         yields_to=(_carried, _recipe),
         check=_check,

@@ -32,6 +32,7 @@ from verl_npu_autopatch.authoring import (
     ComputedSites,
     HandOver,
     Patch,
+    Reach,
     Site,
     Target,
     Undo,
@@ -223,9 +224,9 @@ def _wrap_dispatcher(original: Callable) -> Callable:
 def _fix(site: Site) -> Undo:
     """Wrap the apply functions (attributes and dispatch-table entries) and the dispatchers."""
     module, name = site.module, site.patch.name
-    engine = site.engine
+    engine = site.handover
     if engine is None:  # the engine passes itself; a hand-built Site cannot arbitrate with Liger
-        raise TypeError(f"{name} needs the engine applying it (Site.engine)")
+        raise TypeError(f"{name} needs the engine applying it (Site.handover)")
     undos: list[Undo] = []
     wrapped: dict[int, Callable] = {}
     for family, fn in _apply_functions(module).items():
@@ -253,8 +254,10 @@ PATCHES: list[Patch] = [
         reference="https://github.com/verl-project/verl/pull/6244",
         groups=("transformers", "liger"),
         targets=(Target(MODULE, DISPATCHERS[0]),),
-        secondary=(Target(MODULE, DISPATCHERS[1]),),
-        computed=(ComputedSites(MODULE, f"apply_liger_kernel_to_<family>, {TABLE}[<model type>]", rebound_sites),),
+        reach=Reach(
+            secondary=(Target(MODULE, DISPATCHERS[1]),),
+            computed=(ComputedSites(MODULE, f"apply_liger_kernel_to_<family>, {TABLE}[<model type>]", rebound_sites),),
+        ),
         requires=("liger-kernel",),
         device="npu-device",
         default=True,

@@ -17,7 +17,7 @@ The fix wraps the function: when the config carries an uneven ``num_layer_list``
 run (one entry per pipeline stage, summing to ``num_layers``) and no virtual pipeline stage is
 asked for, it returns the sum of the entries before the stage (``pp_rank`` when given, else
 Megatron's ``parallel_state`` rank); any other call gets Megatron's own result. The engine
-rebinds the copies in ``megatron`` (``Patch.copies``). A release whose function reads
+rebinds the copies in ``megatron`` (``Reach.copies_in``). A release whose function reads
 ``num_layer_list`` itself is ``fixed-upstream``; every release read (core 0.12.1 to 0.19.2) lacks it.
 """
 
@@ -31,6 +31,7 @@ from verl_npu_autopatch.authoring import (
     APPLY,
     RECIPE,
     Code,
+    Reach,
     Site,
     UpstreamTree,
     Verdict,
@@ -127,8 +128,8 @@ PATCHES = [
         rule=offset_rule,
         needs="parallel_state",
         wrap=_wrap,
-        copies=("megatron",),
-        copiers=COPIERS,
+        reach=Reach(copies_in=("megatron",)),
+        copying_modules=COPIERS,
         note=_note,
         reference=RECIPE,
     ),

@@ -18,7 +18,7 @@ layout itself (``offsets()`` / ``values()``) or rebuilds the tensor is ``fixed-u
 
 verl's engine modules (``verl.workers.engine_workers``, ``verl.workers.engine.base``, ...) take
 the function with ``from verl.utils.tensordict_utils import maybe_fix_3d_position_ids``: the
-engine rebinds those copies too (``Patch.copies``).
+engine rebinds those copies too (``Reach.copies_in``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, Literal
 from verl_npu_autopatch.authoring import (
     APPLY,
     Code,
+    Reach,
     Site,
     Verdict,
     decides,
@@ -105,8 +106,8 @@ PATCHES = [
         rule=position_ids_rule,
         needs=BUILDER,
         wrap=_wrap,
-        copies=("verl",),
-        copiers=COPIERS,
+        reach=Reach(copies_in=("verl",)),
+        copying_modules=COPIERS,
         reference="https://github.com/verl-project/verl/issues/7899",
     ),
 ]

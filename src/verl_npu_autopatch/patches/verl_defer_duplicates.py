@@ -79,7 +79,7 @@ def _check(site: Site) -> Verdict:
 
 
 def _fix(site: Site) -> Undo:
-    engine, name = site.engine, site.patch.name
+    engine, name = site.handover, site.patch.name
 
     def make(original: Any) -> Any:
         @functools.wraps(original)

@@ -63,6 +63,7 @@ from typing import Any
 from verl_npu_autopatch.authoring import (
     Code,
     Patch,
+    Reach,
     Site,
     StaticRule,
     Target,
@@ -241,7 +242,7 @@ PATCHES = [
         name="ascend.sfa_keep_kv_b_proj",
         summary="SFA process_weights_after_loading keeps kv_b_proj so RL weight syncs can load into it again.",
         targets=(Target.parse(f"{SFA}:AscendSFAImpl.process_weights_after_loading"),),
-        secondary=(Target.parse(f"{SFA}:dispose_layer"),),
+        reach=Reach(secondary=(Target.parse(f"{SFA}:dispose_layer"),)),
         check=_check_kv_b_proj,
         fix=_fix_kv_b_proj,
         yields_to=(yield_to_verl(),),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from verl_npu_autopatch.authoring import APPLY, Patch, Site, Target, Undo, Verdict, unsupported
+from verl_npu_autopatch.authoring import APPLY, Patch, Reach, Site, Target, Undo, Verdict, unsupported
 from verl_npu_autopatch.patches.transformers_npu.builders import build_experts, replacing
 from verl_npu_autopatch.patches.transformers_npu.models import (
     GROUP,
@@ -149,9 +149,11 @@ def family_patches(family: str, module: str | None = None) -> list[Patch]:
             check=partial(_check, kind),
             fix=partial(_fix, kind),
             yields_to=(liger_owner, verl_owner, shared_owner),
-            via=tuple(Target(module, qualname) for qualname in enclosing(family, kind)),
-            computed=experts_sites(module, variants[0].partition(".")[0]) if kind == "experts" else (),
-            in_place=_experts_in_place if kind == "experts" else None,
+            reach=Reach(
+                via=tuple(Target(module, qualname) for qualname in enclosing(family, kind)),
+                computed=experts_sites(module, variants[0].partition(".")[0]) if kind == "experts" else (),
+                in_place=_experts_in_place if kind == "experts" else None,
+            ),
         )
         for kind, variants in MODELS[family]
     ]
