@@ -66,30 +66,30 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
     spec = getattr(module, "__spec__", None)
     if spec is not None:
         spec.loader = loader.loader
-    engine: ModuleType | None = None
+    lifecycle: ModuleType | None = None
     try:
         from verl_npu_autopatch.engine import lifecycle as imported
 
         imported.activate(trigger=loader.waits_for or module.__name__)
-        engine = imported
+        lifecycle = imported
     except Exception as exc:  # the engine records its own failures; never break the import
         if _strict(exc):  # strict mode: raise at the watched import
             raise
-        engine = None
+        lifecycle = None
         OBSERVER.retire()  # e.g. an unimportable engine: do not hold other imports up
     try:
         loader.loader.exec_module(module)
     except BaseException as exc:  # the import fails: a retry must still be patched
-        if engine is not None:
+        if lifecycle is not None:
             try:
-                engine.engine().module_failed(module)
+                lifecycle.engine().module_failed(module)
             except Exception:  # the import's own exception is what the user must see
                 pass
         unframed(exc, exec_module.__code__)
         raise
-    if engine is not None:
+    if lifecycle is not None:
         try:
-            engine.engine().module_loaded(module)
+            lifecycle.engine().module_loaded(module)
         except Exception as exc:  # recorded and logged by the engine; outside strict mode the import succeeds
             if _strict(exc):  # strict mode: raise at the target's import
                 raise
