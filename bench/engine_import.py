@@ -24,7 +24,7 @@ TIMED = (
     "import time; t = time.perf_counter(); import verl_npu_autopatch.engine.lifecycle; print(time.perf_counter() - t)"
 )
 CATALOG_CODE = (
-    "import time; import verl_npu_autopatch.engine.lifecycle; from verl_npu_autopatch import catalog; "
+    "import time; import verl_npu_autopatch.engine.lifecycle; from verl_npu_autopatch.engine import catalog; "
     "t = time.perf_counter(); catalog.builtin(); print(time.perf_counter() - t)"
 )
 

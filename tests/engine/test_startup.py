@@ -36,7 +36,9 @@ MODULES = "import sys, json; print(json.dumps(sorted(sys.modules)))"
 #: What a first watched import loads of the package where the configuration decides.
 PACKAGE_ON_THE_INACTIVE_PATH = (
     "verl_npu_autopatch",
+    "verl_npu_autopatch.bootstrap",
     "verl_npu_autopatch.bootstrap.activation",
+    "verl_npu_autopatch.engine",
     "verl_npu_autopatch.engine.config",
     "verl_npu_autopatch.engine.environment",
 )
@@ -244,7 +246,7 @@ def test_stale_pth_without_package_is_silent(tmp_path: Path, base_python: Path) 
     assert (proc.stdout, proc.stderr) == ("1\n", "")
     # and so is a start-up module whose package is missing, at the first watched import
     (purelib / "_verl_npu_autopatch_startup.py").write_text(
-        (Path(__file__).parents[2] / "src" / "verl_npu_autopatch" / "startup.py").read_text()
+        (Path(__file__).parents[2] / "src" / "verl_npu_autopatch" / "bootstrap" / "startup.py").read_text()
     )
     proc = run(env / "bin" / "python", "import vllm; print(vllm.X)", fixtures=False)
     assert (proc.stdout, proc.stderr) == ("1\n", "")

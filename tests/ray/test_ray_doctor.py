@@ -209,7 +209,7 @@ def test_progress_goes_to_a_terminal_and_only_there(runner_python: Path, cluster
     reader.start()
     # the CLI itself, with the progress line due at once (a quick cluster answers within the usual delay)
     code = (
-        "import sys; from verl_npu_autopatch import _summary, cli; _summary.PROGRESS_AFTER_S = 0; "
+        "import sys; from verl_npu_autopatch.cli import main as cli, summary; summary.PROGRESS_AFTER_S = 0; "
         f"sys.exit(cli.main(['doctor', '--ray', {cluster.address!r}, '--json']))"
     )
     command = [str(runner_python), "-c", code]

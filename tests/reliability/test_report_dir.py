@@ -238,7 +238,7 @@ os.execve(sys.executable, [sys.executable, "-c", after], env)
     )
     try:
         pid = json.loads(proc.stdout.readline() if proc.stdout else "")
-        look = f"from verl_npu_autopatch import _report_file as r; print(r.image({pid}), r.start_time({pid}))"
+        look = f"from verl_npu_autopatch.engine import report_file as r; print(r.image({pid}), r.start_time({pid}))"
         live_image, live_start = run(base_python, look).stdout.split()
     finally:
         proc.communicate("\n", timeout=60)
