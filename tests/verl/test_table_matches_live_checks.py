@@ -19,7 +19,7 @@ from tests.verl.helpers import release_root
 from tests.verl.test_megatron_async_save_format import megatron_writer  # noqa: F401  (fixture)
 from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: F401  (fixture)
 from tests.verl.test_megatron_layer_offset import megatron_layers  # noqa: F401  (fixture)
-from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
+from tests.verl.test_torch_npu_nested_tensor_intercept import standin, torch_npu_standin  # noqa: F401  (fixtures)
 from tests.verl.test_verl_checkpoint_send_reoffload import verl_workers  # noqa: F401  (fixture)
 from tests.verl.test_verl_distillation_log_prob_floor import verl_losses  # noqa: F401  (fixture)
 from tests.verl.test_verl_npu_version_probe import verl_device  # noqa: F401  (fixture)

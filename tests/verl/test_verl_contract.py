@@ -12,7 +12,7 @@ from tests.verl.test_megatron_async_save_format import megatron_writer  # noqa: 
 from tests.verl.test_megatron_expert_bias_fp32 import megatron_release  # noqa: F401  (fixture)
 from tests.verl.test_megatron_layer_offset import megatron_layers  # noqa: F401  (fixture)
 from tests.verl.test_megatron_mtp_postprocess import megatron  # noqa: F401  (fixture)
-from tests.verl.test_torch_npu_nested_tensor_intercept import standin  # noqa: F401  (fixture)
+from tests.verl.test_torch_npu_nested_tensor_intercept import standin, torch_npu_standin  # noqa: F401  (fixtures)
 from tests.verl.test_verl_3d_position_ids import verl  # noqa: F401  (fixture)
 from tests.verl.test_verl_checkpoint_send_reoffload import verl_workers  # noqa: F401  (fixture)
 from tests.verl.test_verl_distillation_log_prob_floor import ESTIMATOR_NAMES, verl_losses  # noqa: F401  (fixture)
