@@ -1,7 +1,8 @@
 """The patch contract: one procedure every built-in patch must pass wherever its target imports.
 
 Each suite's ``test_*_contract.py`` runs :func:`check_contract` for every patch of the catalog
-whose target modules import in that suite's environment (:func:`live_patches`). The procedure,
+whose target modules import in that suite's environment (:func:`live_patches`), and, in
+``tests/verl``, on each release a registered loader loads (``release_loaders.py``). The procedure,
 on the real upstream modules, through the engine's own pipeline (``decision.run``):
 
 1. decide: the check's verdict; anything but ``applied`` must leave every declared module as it was;

@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.planner_helpers import _create_write_items
 
+from tests.support import release_loaders
 from tests.verl.helpers import forget_megatron, import_megatron, record, start
 from verl_npu_autopatch.patches import megatron_async_save_format
 
@@ -35,6 +36,12 @@ def _psutil() -> types.ModuleType:
     return standin
 
 
+@release_loaders.loads(
+    megatron_async_save_format,
+    "megatron-core",
+    ("0.12.1", "0.13.1", "0.17.0"),
+    sites={"0.12.1": {f"{megatron_async_save_format.MODULE}:_write_item"}},
+)
 @pytest.fixture
 def megatron_writer(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Import a megatron-core release's ``filesystem_async`` from its wheel's files; forgets it after."""

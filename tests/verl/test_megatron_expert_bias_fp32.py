@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support import release_loaders
 from tests.verl.helpers import forget_megatron, import_megatron, record, start
 from verl_npu_autopatch.patches import megatron_expert_bias_fp32
 
@@ -20,6 +21,12 @@ NAME = "megatron.expert_bias_fp32"
 BIAS = torch.tensor([1e-3 + 1e-7, 0.3, -0.2, 1.0001], dtype=torch.float32)
 
 
+@release_loaders.loads(
+    megatron_expert_bias_fp32,
+    "megatron-core",
+    ("0.12.1", "0.16.1", "0.17.0"),
+    sites={"0.16.1": {f"{megatron_expert_bias_fp32.MODULE}:Float16Module.__init__"}},
+)
 @pytest.fixture
 def megatron_release(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Import a megatron-core release from its wheel's files; forgets it after the test."""

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support import release_loaders
 from tests.verl.helpers import forget_megatron, import_megatron, record, start
 from verl_npu_autopatch.authoring.patching import marked_by
 from verl_npu_autopatch.engine.lifecycle import Engine
@@ -25,6 +26,12 @@ VERSIONS = ("0.12.1", "0.16.1", "0.17.0")
 COPIERS = ("megatron.core.transformer.transformer_block", "megatron.core.models.gpt.gpt_layer_specs")
 
 
+@release_loaders.loads(
+    family,
+    "megatron-core",
+    VERSIONS,
+    sites={"0.17.0": {f"{module}:{family.FUNCTION}" for module in (family.MODULE, *COPIERS)}},
+)
 @pytest.fixture
 def megatron_layers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Import a release's ``transformer_layer`` and :data:`COPIERS` from its wheel's files (before

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from tests.verl.helpers import record, release_root, start
 from verl_npu_autopatch.patches import megatron_mtp_postprocess
 
@@ -31,6 +31,12 @@ def _gpt_module(version: str) -> types.ModuleType:
     )
 
 
+@release_loaders.loads(
+    megatron_mtp_postprocess,
+    "megatron-core",
+    ("0.16.1", "0.17.0rc0", "0.19.2"),
+    sites={"0.16.1": {f"{GPT}:GPTModel._postprocess"}},
+)
 @pytest.fixture
 def megatron(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Install a release's ``gpt_model`` under its real name (and a bare ``megatron`` package so

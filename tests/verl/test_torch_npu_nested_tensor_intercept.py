@@ -4,14 +4,17 @@ shaped like torch_npu's ``utils/npu_intercept.py``) and the real ``torch.nested`
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
+from tests.support import release_loaders
 from tests.verl.helpers import record, start
 from verl_npu_autopatch.patches import torch_npu_nested_tensor_intercept
 
@@ -19,16 +22,36 @@ NAME = torch_npu_nested_tensor_intercept.NAME
 STANDIN = Path(__file__).resolve().parent / "standin"
 
 
-@pytest.fixture
-def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The stand-in ``torch_npu`` is importable; ``torch.nested`` and ``sys.modules`` are restored."""
+def _standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], ModuleType]]:
+    """Make the stand-in ``torch_npu`` importable and yield its loader; restore ``torch.nested`` and
+    ``sys.modules`` after."""
     saved = {name: getattr(torch.nested, name) for name in torch_npu_nested_tensor_intercept.FUNCTIONS}
     monkeypatch.syspath_prepend(str(STANDIN))
-    yield
+    yield lambda release: importlib.import_module("torch_npu")
     for name, fn in saved.items():
         setattr(torch.nested, name, fn)
     for module in [m for m in sys.modules if m == "torch_npu" or m.startswith("torch_npu.")]:
         del sys.modules[module]
+
+
+@release_loaders.loads(
+    torch_npu_nested_tensor_intercept,
+    None,
+    ("stand-in",),
+    sites={"stand-in": {f"torch_npu:torch.nested.{name}" for name in torch_npu_nested_tensor_intercept.FUNCTIONS}},
+)
+@pytest.fixture
+def torch_npu_standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], ModuleType]]:
+    """A loader of the stand-in ``torch_npu`` (torch_npu's intercept over ``torch.nested``; its one
+    release is ``"stand-in"``)."""
+    yield from _standin(monkeypatch)
+
+
+@pytest.fixture
+def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The stand-in ``torch_npu`` is importable; ``torch.nested`` and ``sys.modules`` are restored."""
+    for _ in _standin(monkeypatch):
+        yield
 
 
 def _jagged() -> Any:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from tests.verl.helpers import record, release_root, start
 from verl_npu_autopatch.authoring.patching import marked_by
 from verl_npu_autopatch.engine.lifecycle import Engine
@@ -38,6 +38,12 @@ def _copier(path: Path, name: str) -> types.ModuleType:
     return module
 
 
+@release_loaders.loads(
+    family,
+    "verl",
+    VERSIONS,
+    sites={"0.9.1": {f"{module}:{family.FUNCTION}" for module in (family.MODULE, *family.COPIERS)}},
+)
 @pytest.fixture
 def verl(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], dict[str, types.ModuleType]]:
     """Install a release's ``tensordict_utils`` under its real name (bare ``verl`` packages above

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from tests.verl.helpers import record, start, verl_files
 from verl_npu_autopatch.patches import verl_checkpoint_send_reoffload as reoffload
 
@@ -51,6 +51,12 @@ def _worker(module: types.ModuleType, backend: str, offload: bool = True) -> tup
     return worker, calls
 
 
+@release_loaders.loads(
+    reoffload,
+    "verl",
+    ("0.8.0", "0.9.0", "0.9.1"),
+    sites={"0.9.1": {f"{reoffload.MODULE}:ActorRolloutRefWorker.update_weights"}},
+)
 @pytest.fixture
 def verl_workers(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Install a release's ``engine_workers`` (only ``update_weights``) under its real name."""

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from tests.verl.helpers import record, start, verl_files
 from verl_npu_autopatch.patches import verl_distillation_log_prob_floor as floor_patch
 
@@ -67,6 +67,17 @@ def _losses_module(root: Path) -> types.ModuleType:
     return losses
 
 
+@release_loaders.loads(
+    floor_patch,
+    "verl",
+    ("0.8.0", "0.9.0", "0.9.1"),
+    sites={
+        "0.9.1": {
+            f"{LOSSES}:{floor_patch.PATCHES[0].targets[0].qualname}",
+            *(f"{LOSSES}:DISTILLATION_LOSS_REGISTRY[{name}]" for name in ESTIMATOR_NAMES),
+        }
+    },
+)
 @pytest.fixture
 def verl_losses(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Install a release's losses module under its real name (and a bare ``verl`` package so the

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import verl_upstream
+from tests.support import release_loaders, verl_upstream
 from tests.verl.helpers import record, start
 from verl_npu_autopatch.patches import verl_npu_version_probe as probe
 
@@ -53,6 +53,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return log
 
 
+@release_loaders.loads(probe, "verl", ("0.8.0", "0.9.1"), sites={"0.9.1": {f"{probe.MODULE}:get_npu_versions"}})
 @pytest.fixture
 def verl_device() -> Iterator[Any]:
     """A loader ``version -> verl.utils.device`` of that release (bare ``verl`` packages; every

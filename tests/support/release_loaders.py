@@ -1,0 +1,125 @@
+"""The per-family release-loader registry: which fixture loads a family's target from which releases.
+
+A family whose target cannot be installed in its suite's environment registers, beside the fixture
+that loads the target from a release's own files::
+
+    @release_loaders.loads(megatron_layer_offset, "megatron-core", ("0.12.1", "0.17.0"))
+    @pytest.fixture
+    def megatron_layers(monkeypatch): ...  # its value: a loader, called with a release
+
+The suite's generic tests (``tests/verl/test_verl_contract.py``, ``test_table_matches_live_checks.py``)
+then run the contract and compare the live decision with the static rule's cell on every registered
+release; a family of the suite with neither a live target nor a loader fails its completeness test.
+A loader fixture may use only the built-in and ``conftest.py`` fixtures: the generic tests see it alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, TypeVar
+
+from verl_npu_autopatch.authoring.spec import Patch
+
+F = TypeVar("F")
+
+
+@dataclass(frozen=True)
+class Loader:
+    """One registration: ``fixture`` (registered in ``module``) loads ``family``'s target from the
+    ``releases`` of ``project`` (the distribution as the static table names it; ``None`` for a
+    stand-in with no release files). ``sites``: release -> the exact sites the contract must report."""
+
+    family: str
+    fixture: str
+    project: str | None
+    releases: tuple[str, ...]
+    module: str
+    function: Any = field(repr=False, compare=False)
+    sites: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+
+#: Every registration made so far, in import order.
+REGISTRY: list[Loader] = []
+
+
+def loads(
+    family: ModuleType,
+    project: str | None,
+    releases: Sequence[str],
+    sites: Mapping[str, Collection[str]] | None = None,
+) -> Callable[[F], F]:
+    """Register the decorated fixture as the loader of ``family``'s target (its module under
+    ``verl_npu_autopatch.patches``) from ``releases`` (see the module doc)."""
+    module = sys._getframe(1).f_globals["__name__"]  # the test module registering
+    name_of_family = family.__name__.rpartition(".")[2]
+
+    def register(fixture: F) -> F:
+        name = getattr(fixture, "name", None) or getattr(fixture, "__name__")  # noqa: B009
+        exact = {release: frozenset(found) for release, found in (sites or {}).items()}
+        assert set(exact) <= set(releases), f"{family.__name__}: sites of releases it does not load: {sorted(exact)}"
+        REGISTRY.append(Loader(name_of_family, name, project, tuple(releases), module, fixture, exact))
+        return fixture
+
+    return register
+
+
+def collect(package: str) -> list[Loader]:
+    """Import every ``test_*`` module of ``package`` (their registrations run); the loaders registered there."""
+    root = importlib.import_module(package)
+    for found in pkgutil.iter_modules(root.__path__):
+        if found.name.startswith("test_"):
+            importlib.import_module(f"{package}.{found.name}")
+    return [loader for loader in REGISTRY if loader.module.startswith(f"{package}.")]
+
+
+def fixtures(loaders: Iterable[Loader]) -> dict[str, Any]:
+    """Fixture name -> fixture, to put in a generic test module's namespace (where pytest finds them)."""
+    found: dict[str, Any] = {}
+    for loader in loaders:
+        assert found.get(loader.fixture, loader.function) is loader.function, f"two fixtures {loader.fixture!r}"
+        found[loader.fixture] = loader.function
+    return found
+
+
+def cases(
+    families: Iterable[tuple[str, Sequence[Patch]]], loaders: Iterable[Loader]
+) -> list[tuple[Patch, Loader, str]]:
+    """``(patch, loader, release)`` for every patch of a family with a loader and every release it loads."""
+    by_family: dict[str, list[Loader]] = {}
+    for loader in loaders:
+        by_family.setdefault(loader.family, []).append(loader)
+    return [
+        (patch, loader, release)
+        for name, patches in families
+        for loader in by_family.get(name, [])
+        for patch in patches
+        for release in loader.releases
+    ]
+
+
+def uncovered(
+    families: Iterable[tuple[str, Sequence[Patch]]],
+    concern: Callable[[Patch], bool],
+    live: Collection[str],
+    loaders: Iterable[Loader],
+) -> list[str]:
+    """The patches of the suite's ``concern`` neither live here (by name) nor loaded by a registered loader."""
+    registered = {loader.family for loader in loaders}
+    return [
+        patch.name
+        for name, patches in families
+        for patch in patches
+        if concern(patch) and patch.name not in live and name not in registered
+    ]
+
+
+def ids(value: object) -> str:
+    """A test id part for a case's value: the patch's name, the loader's fixture, the release."""
+    if isinstance(value, Patch):
+        return value.name
+    return value.fixture if isinstance(value, Loader) else str(value)
