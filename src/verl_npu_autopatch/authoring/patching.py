@@ -4,8 +4,12 @@ describe upstream callables."""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
+import linecache
+import re
 import textwrap
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -143,10 +147,38 @@ def normalized_source(obj: Any) -> str | None:
         parts = [normalized_source(_function_of(v)) for v in vars(obj).values() if _function_of(v) is not None]
         found = [p for p in parts if p]
         return "".join(found) if found else None
+    try:  # inspect reads what ``__wrapped__`` leads to: so does the cache
+        code = getattr(inspect.unwrap(obj), "__code__", None)
+    except ValueError:  # a ``__wrapped__`` cycle, which inspect cannot read either
+        return None
+    if isinstance(code, types.CodeType):  # one reading per function body: a check and its fix both read it
+        return _code_source(code)
     try:
         return "".join(inspect.getsource(obj).split())
     except (OSError, TypeError):  # no source (built-in, C extension, REPL): the caller says so
         return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_source(code: types.CodeType) -> str | None:
+    """The whitespace-free source of a function's code, read once (a reload makes new code): the
+    block at its first line, as ``inspect.getsource`` reads it, without inspect's first look-up of
+    the module, which scans every loaded module (about 20 ms in a vLLM process)."""
+    lines = linecache.getlines(code.co_filename)
+    start = code.co_firstlineno - 1
+    if 0 <= start < len(lines) and _DEFINITION.match(lines[start]):
+        try:
+            return "".join("".join(inspect.getblock(lines[start:])).split())
+        except Exception:  # tokenize gave up on the block: inspect's own reading decides below
+            pass
+    try:
+        return "".join(inspect.getsource(code).split())
+    except (OSError, TypeError):  # no source (built-in, C extension, REPL): the caller says so
+        return None
+
+
+#: The first line of a definition, as ``inspect.findsource`` recognises one.
+_DEFINITION = re.compile(r"^(\s*def\s)|(\s*async\s+def\s)|(.*(?<!\w)lambda(:|\s))|^(\s*@)")
 
 
 def _function_of(value: Any) -> Any:
