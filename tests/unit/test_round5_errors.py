@@ -15,10 +15,10 @@ from tests.unit.test_pipeline import decide, module, patch_on  # noqa: F401  (mo
 from verl_npu_autopatch.authoring.spec import Patch, Target
 from verl_npu_autopatch.cli import doctor, ray_doctor
 from verl_npu_autopatch.cli import main as cli
+from verl_npu_autopatch.cli.summary import table
 from verl_npu_autopatch.engine import catalog, decision
 from verl_npu_autopatch.engine.config import Config, read_config
 from verl_npu_autopatch.engine.lifecycle import Engine
-from verl_npu_autopatch.engine.records import table
 from verl_npu_autopatch.engine.text import REASON_CHARS
 
 

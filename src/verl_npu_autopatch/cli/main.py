@@ -21,10 +21,10 @@ from verl_npu_autopatch.bootstrap.startup import OBSERVER
 from verl_npu_autopatch.cli import bug_report, doctor, fleet_view, help_text, summary
 from verl_npu_autopatch.cli.doctor import DOCTOR_TIMEOUT_S, MISMATCH, TIMED_OUT, run_doctor
 from verl_npu_autopatch.cli.help_text import json_object, seconds
+from verl_npu_autopatch.cli.summary import table
 from verl_npu_autopatch.cli.verify import absent as verify_absent
 from verl_npu_autopatch.engine import catalog, environment
 from verl_npu_autopatch.engine.config import VARIABLES, read_config, variable_warnings
-from verl_npu_autopatch.engine.records import table
 
 #: Distributions whose versions ``status`` shows.
 SHOWN_DISTRIBUTIONS = (

@@ -19,8 +19,7 @@ from typing import Any
 
 from verl_npu_autopatch.cli import ray_session
 from verl_npu_autopatch.cli.doctor import TIMED_OUT
-from verl_npu_autopatch.cli.summary import show
-from verl_npu_autopatch.engine.records import table
+from verl_npu_autopatch.cli.summary import show, table
 from verl_npu_autopatch.engine.text import describe
 
 #: How long to wait for all probes (a pip ``runtime_env`` is built on each node first).

@@ -1,4 +1,5 @@
-"""The first screen of ``status`` and ``doctor``: how many patches are in each state, each group
+"""Text the commands print: tables and wrapped lines (:func:`table`, :func:`wrap`), and the first
+screen of ``status`` and ``doctor``: how many patches are in each state, each group
 with its one reason and its patches named compactly (``transformers.* (35)``), and what needs
 attention; every line fits the terminal (:func:`width`). The full table is behind ``--all``."""
 
@@ -10,7 +11,6 @@ import time
 from collections.abc import Iterable
 from typing import IO, Any
 
-from verl_npu_autopatch.engine.records import table, wrap
 from verl_npu_autopatch.engine.text import cut, printable
 
 #: Columns the screens fit in when the terminal's width is unknown (output to a pipe or a file,
@@ -250,3 +250,43 @@ class StatusLine:
             self.stream.write("\r" + " " * self.shown + "\r")
             self.stream.flush()
             self.shown = 0
+
+
+def table(rows: list[list[str]], header: list[str], width: int | None = None) -> str:
+    """A plain fixed-width text table, control characters escaped in every cell. With ``width``,
+    columns are narrowed until a line fits in ``width`` characters (the last one first, down to
+    40, then the widest), and their cells wrap onto continuation lines."""
+    header, rows = [printable(str(cell)) for cell in header], [[printable(str(cell)) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    if width is not None:
+        while sum(widths) + 2 * (len(widths) - 1) > width and max(widths) > _NARROWEST:
+            column = len(widths) - 1 if widths[-1] > 40 else widths.index(max(widths))
+            widths[column] -= 1
+    lines = _table_row(header, widths)
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines += _table_row(row, widths)
+    return "\n".join(lines)
+
+
+#: The narrowest a column of :func:`table` is made to fit a width.
+_NARROWEST = 12
+
+
+def _table_row(cells: list[str], widths: list[int]) -> list[str]:
+    """One row, cells wider than their column wrapped onto continuation lines."""
+    parts = [wrap(str(cell), w) if len(str(cell)) > w else [str(cell)] for cell, w in zip(cells, widths, strict=True)]
+    depth = max(len(p) for p in parts)
+    return [
+        "  ".join((p[i] if i < len(p) else "").ljust(w) for p, w in zip(parts, widths, strict=True)).rstrip()
+        for i in range(depth)
+    ]
+
+
+def wrap(text: str, width: int = 120, indent: str = "") -> list[str]:
+    """``text`` as lines of at most ``width`` characters (continuations start with ``indent``), its
+    control characters escaped first (``engine.text.printable``: what a terminal shows is the text)."""
+    import textwrap
+
+    shown = printable(text)
+    return textwrap.wrap(shown, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False) or [""]

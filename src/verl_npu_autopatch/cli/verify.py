@@ -294,7 +294,7 @@ def render(report: dict[str, Any], width: int = 120) -> list[str]:
     """The ``--verify`` section of ``doctor``: a table of the checks, then what failed and why,
     the checks not run (their patch is not applied) and the applied patches without a tiny-input
     check; no line is wider than ``width``."""
-    from verl_npu_autopatch.engine.records import table, wrap
+    from verl_npu_autopatch.cli.summary import table, wrap
 
     where = f"device {report['device']}, torch_npu from {report['torch_npu']}" if report["device"] else "no device"
     lines = wrap(f"verify: patched kernel against upstream on tiny inputs ({where})", width)
@@ -336,8 +336,7 @@ def render(report: dict[str, Any], width: int = 120) -> list[str]:
 def _not_run(entries: list[dict[str, Any]], checked: list[str], width: int) -> list[str]:
     """The patches with a check that are not applied here, one line per state and reason, their
     names compact (``transformers.* (34)``: every checked patch under that prefix)."""
-    from verl_npu_autopatch.cli.summary import compact
-    from verl_npu_autopatch.engine.records import wrap
+    from verl_npu_autopatch.cli.summary import compact, wrap
 
     grouped: dict[tuple[str, str], list[str]] = {}
     for entry in entries:
