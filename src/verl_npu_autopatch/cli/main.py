@@ -376,7 +376,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "list":
         entries = catalog_data()
         if args.json:
-            print(json.dumps({"environment": bug_report.environment(), "patches": entries}, indent=2))
+            print(json.dumps(entries, indent=2))
         elif args.markdown:
             summary.show(catalog_markdown(entries), end="")
         else:
