@@ -38,6 +38,7 @@ from verl_npu_autopatch.patches import (
     verl_checkpoint_send_reoffload,
     verl_defer_duplicates,
     verl_distillation_log_prob_floor,
+    verl_hccl_broadcast_thread,
     verl_npu_version_probe,
     vllm_engine_partial_wake_up,
     vllm_moe,
@@ -64,6 +65,12 @@ SEND = (
     "awaitself.checkpoint_engine.send_weights(per_tensor_param)"
 )
 NAIVE = 'awaitself.rollout.update_weights(p)ifself.actor.engine.is_param_offload_enabled:self.actor.engine.to("cpu")'
+hccl = verl_hccl_broadcast_thread
+INIT = "def__init__(self,rank:int,process_group:StatelessProcessGroup|str,bucket:torch.Tensor)->None:"
+STORED = "".join(hccl.ASSIGNED)
+HCCL = hccl.PARAMS
+AWAITS_TASK = Code("asyncdefwait_for_complete(self):awaitself._taskreturnself.metadata", ("self",))
+RETURNS_AT_ONCE = Code("asyncdefwait_for_complete(self):returnself.metadata", ("self",))
 POSTPROCESS = "def_postprocess(self,hidden_states,labels):"
 SYNC_09 = "def_sync_all(self):ifself._has_cuda:torch.cuda.synchronize()elifself._has_mps:torch.mps.synchronize()"
 WAKE = (
@@ -418,6 +425,47 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "reoffload: no checkpoint-engine send": (
         lambda: verl_checkpoint_send_reoffload.reoffload_rule(Code(f"{UPDATE}{NAIVE}", None)),
+        "unsupported",
+    ),
+    # verl.hccl_broadcast_thread (0.9.0's executor; 0.8.0 / 0.9.1 call _run on the caller)
+    "hccl broadcast: 0.9.0 executor": (
+        lambda: verl_hccl_broadcast_thread.broadcast_rule(Code(f"{INIT}{STORED}{hccl.THREADED}", HCCL), AWAITS_TASK),
+        "apply",
+    ),
+    "hccl broadcast: 0.9.1 revert": (
+        lambda: verl_hccl_broadcast_thread.broadcast_rule(Code(f"{INIT}{STORED}self._run()", HCCL), RETURNS_AT_ONCE),
+        "fixed-upstream",
+    ),
+    "hccl broadcast: executor, wait_for_complete not awaiting the task": (
+        lambda: verl_hccl_broadcast_thread.broadcast_rule(
+            Code(f"{INIT}{STORED}{hccl.THREADED}", HCCL), RETURNS_AT_ONCE
+        ),
+        "unsupported",
+    ),
+    "hccl broadcast: executor, module without wait_for_complete": (
+        lambda: verl_hccl_broadcast_thread.broadcast_rule(Code(f"{INIT}{STORED}{hccl.THREADED}", HCCL), None),
+        "unsupported",
+    ),
+    "hccl broadcast: a further statement after the executor": (
+        lambda: verl_hccl_broadcast_thread.broadcast_rule(
+            Code(f"{INIT}{STORED}{hccl.THREADED}self._done=False", HCCL), AWAITS_TASK
+        ),
+        "unsupported",
+    ),
+    "hccl broadcast: a thread of its own": (
+        lambda: verl_hccl_broadcast_thread.broadcast_rule(
+            Code(f"{INIT}{STORED}threading.Thread(target=self._run).start()", HCCL), AWAITS_TASK
+        ),
+        "unsupported",
+    ),
+    "hccl broadcast: attributes stored otherwise": (
+        lambda: verl_hccl_broadcast_thread.broadcast_rule(Code(f"{INIT}self.group=process_group", HCCL), AWAITS_TASK),
+        "unsupported",
+    ),
+    "hccl broadcast: another signature": (
+        lambda: verl_hccl_broadcast_thread.broadcast_rule(
+            Code(f"{INIT}{STORED}self._run()", ("self",)), RETURNS_AT_ONCE
+        ),
         "unsupported",
     ),
     # megatron.mtp_postprocess

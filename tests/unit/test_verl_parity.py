@@ -26,10 +26,10 @@ def _rows() -> list[list[str]]:
 
 def test_every_cited_patch_exists_and_every_site_is_accounted_for() -> None:
     rows = _rows()
-    assert [int(row[0]) for row in rows] == list(range(1, len(rows) + 1)) and len(rows) == 28
+    assert [int(row[0]) for row in rows] == list(range(1, len(rows) + 1)) and len(rows) == 29
     known = {patch.name for patch in catalog.builtin()}
     prefixes = tuple(f"{family}." for family in ("vllm", "ascend", "transformers", "liger", "tensordict"))
-    prefixes += ("torch_npu.", "megatron.")
+    prefixes += ("torch_npu.", "megatron.", "verl.")
     cited: set[str] = set()
     for number, _file, _target, _when, ours in rows:
         names = [n for n in re.findall(r"`([a-z0-9_.]+)`", ours) if n.startswith(prefixes) and "." in n]
@@ -42,3 +42,4 @@ def test_every_cited_patch_exists_and_every_site_is_accounted_for() -> None:
     assert {"tensordict.npu_sync", "torch_npu.nested_tensor_intercept", "megatron.mtp_postprocess"} <= cited
     assert {"transformers.qwen3_vl.deepstack_clone", "transformers.qwen3_vl_moe.deepstack_clone"} <= cited
     assert "ascend.dispatcher_expert_ids_sleep" in cited  # row 28: verl PR #7086
+    assert "verl.hccl_broadcast_thread" in cited  # row 29: verl issue #7416, verl's own code

@@ -5,6 +5,7 @@ setters (no process group needed)."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Iterator
 from types import ModuleType
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 from tests.support import release_loaders
-from tests.verl.helpers import forget_megatron, import_megatron, record, start
+from tests.support.upstream import load_imports
+from tests.verl.helpers import forget_megatron, import_megatron, record, start, verl_files
 from verl_npu_autopatch.authoring.patching import marked_by
 from verl_npu_autopatch.engine.lifecycle import Engine
 from verl_npu_autopatch.patches import megatron_layer_offset as family
@@ -113,3 +115,70 @@ def test_uneven_stages_get_duplicate_ids_and_the_fix_numbers_them_in_order(
 
     assert engine.revert() == [PATCH.name]
     assert all(m.get_transformer_layer_offset is upstream for m in [*modules.values(), late])
+
+
+#: A stand-in shaped like MindSpeed-LLM's DeepSeek-V4 attention module (``deepseek4/csa.py``): it
+#: takes the function with ``from ... import`` at top level and numbers its layer by it.
+CSA = f"""
+from {family.MODULE} import {family.FUNCTION}
+
+
+class DeepSeek4SelfAttention:
+    def __init__(self, config, layer_number):
+        self.config = config
+        self.layer_number = layer_number + {family.FUNCTION}(self.config)
+"""
+
+
+def _copier_from_source(monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> ModuleType:
+    """Module ``name`` executed from ``source`` and put in ``sys.modules`` (removed after the test)."""
+    module = ModuleType(name)
+    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+@pytest.mark.parametrize("version", ["0.12.1", "0.17.0"])
+def test_copies_outside_megatron_taken_before_the_fix_are_rebound(
+    megatron_layers: Any, engines: list[Engine], monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    modules = megatron_layers(version)
+    upstream = modules[family.MODULE].get_transformer_layer_offset
+    csa = _copier_from_source(monkeypatch, family.OUTSIDE_COPIERS[0], CSA)
+    replay_file = verl_files("0.9.1") / "verl/utils/megatron/router_replay_utils.py"
+    replay = load_imports(replay_file, family.OUTSIDE_COPIERS[1], (family.MODULE,))  # verl's own import line
+    monkeypatch.setitem(sys.modules, replay.__name__, replay)
+    assert csa.get_transformer_layer_offset is upstream and replay.get_transformer_layer_offset is upstream
+    uneven = _config(7, 3, "3,2,2")
+
+    def first_layers() -> list[int]:
+        """The global number of each stage's first attention layer, as the DeepSeek-V4 module computes it."""
+        from megatron.core import parallel_state
+
+        parallel_state.set_pipeline_model_parallel_world_size(3)
+        found = []
+        for rank in range(3):
+            parallel_state.set_pipeline_model_parallel_rank(rank)
+            found.append(csa.DeepSeek4SelfAttention(uneven, 1).layer_number)
+        parallel_state.set_pipeline_model_parallel_rank(None)
+        parallel_state.set_pipeline_model_parallel_world_size(None)
+        return found
+
+    assert first_layers() == [1, 3, 5]  # stage 1 starts at layer 3, the last layer of stage 0
+
+    engine = start(engines, [PATCH])
+    assert record(engine, PATCH.name) == ("applied", "fix installed")
+    fixed = modules[family.MODULE].get_transformer_layer_offset
+    assert csa.get_transformer_layer_offset is fixed and replay.get_transformer_layer_offset is fixed
+    assert first_layers() == [1, 4, 6]
+    assert _offsets(replay.get_transformer_layer_offset, uneven) == [0, 3, 5]  # verl's router replay too
+
+    assert engine.revert() == [PATCH.name]
+    assert csa.get_transformer_layer_offset is upstream and replay.get_transformer_layer_offset is upstream
+
+
+def test_every_known_outside_copier_is_swept() -> None:
+    from verl_npu_autopatch.engine.copies import within
+
+    assert all(within(name, PATCH.reach.copies_in) for name in family.OUTSIDE_COPIERS)
+    assert not within("verl.workers.engine_workers", PATCH.reach.copies_in)  # verl's other modules cost nothing

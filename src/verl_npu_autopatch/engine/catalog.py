@@ -74,6 +74,7 @@ FAMILIES: tuple[str, ...] = (
     "verl_distillation_log_prob_floor",
     "verl_npu_version_probe",
     "verl_checkpoint_send_reoffload",
+    "verl_hccl_broadcast_thread",
 )
 
 

@@ -134,4 +134,7 @@ INDEX = (
     ('verl_checkpoint_send_reoffload', (
         ('verl.checkpoint_send_reoffload', ('verl',), True, 'npu-stack', (), (('verl.workers.engine_workers', 'ActorRolloutRefWorker.update_weights', ()),)),
     )),
+    ('verl_hccl_broadcast_thread', (
+        ('verl.hccl_broadcast_thread', ('verl',), True, 'npu-stack', (), (('verl.checkpoint_engine.hccl_checkpoint_engine', 'BroadcastOperation.__init__', ()),)),
+    )),
 )

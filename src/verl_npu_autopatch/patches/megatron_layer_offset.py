@@ -17,8 +17,12 @@ The fix wraps the function: when the config carries an uneven ``num_layer_list``
 run (one entry per pipeline stage, summing to ``num_layers``) and no virtual pipeline stage is
 asked for, it returns the sum of the entries before the stage (``pp_rank`` when given, else
 Megatron's ``parallel_state`` rank); any other call gets Megatron's own result. The engine
-rebinds the copies in ``megatron`` (``Reach.copies_in``). A release whose function reads
-``num_layer_list`` itself is ``fixed-upstream``; every release read (core 0.12.1 to 0.19.2) lacks it.
+rebinds the copies (``Reach.copies_in``) in ``megatron`` and where two other projects copy the
+function at top level (:data:`OUTSIDE_COPIERS`): MindSpeed-LLM's DeepSeek-V4 attention (the whole
+``mindspeed_llm`` package is swept) and verl's router replay (``verl.utils.megatron``). MindSpeed
+itself holds no copy (its patch manager's own sweep rebinds by identity in every module). A
+release whose function reads ``num_layer_list`` itself is ``fixed-upstream``; every release read
+(core 0.12.1 to 0.19.2) lacks it.
 """
 
 from __future__ import annotations
@@ -60,6 +64,15 @@ COPIERS = (
     "megatron.core.models.gpt.heterogeneous.heterogeneous_layer_specs",
     "megatron.core.post_training.modelopt.gpt.model_specs",
 )
+#: Modules of other projects that copy the function at top level (read: MindSpeed-LLM 26.1.0 and
+#: master; verl 0.8.0, 0.9.0 and 0.9.1). MindSpeed (``mindspeed``) copies it nowhere.
+OUTSIDE_COPIERS = (
+    "mindspeed_llm.tasks.models.transformer.deepseek4.csa",
+    "verl.utils.megatron.router_replay_utils",
+)
+#: The packages whose imported modules the engine sweeps for copies: verl only where its copier
+#: lives (a verl worker imports hundreds of modules; the scan runs at every re-check).
+COPYING_PACKAGES = ("megatron", "mindspeed_llm", "verl.utils.megatron")
 
 
 @decides(f"{MODULE}:{FUNCTION}")
@@ -128,7 +141,7 @@ PATCHES = [
         rule=offset_rule,
         needs="parallel_state",
         wrap=_wrap,
-        reach=Reach(copies_in=("megatron",)),
+        reach=Reach(copies_in=COPYING_PACKAGES),
         copying_modules=COPIERS,
         note=_note,
         reference=RECIPE,
