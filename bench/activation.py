@@ -18,7 +18,7 @@ Fresh processes, interleaved rounds:
 ``--compare PYTHON`` adds the same two measures for another venv (e.g. one with the main branch's
 wheel) in the same interleaved rounds, so a change's cost is read as a paired difference.
 ``--env NAME=VALUE`` sets a variable in every child (``VERL_NPU_AUTOPATCH_LOG=ERROR``: not plainly
-inactive, so ``_activation`` and the engine decide).
+inactive, so ``activation`` and the engine decide).
 
 Each child also reports whether wrapt or importlib.metadata got imported (they must not be).
 """

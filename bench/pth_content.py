@@ -9,7 +9,7 @@ do-nothing lambda finder on ``sys.meta_path`` (the floor of any line that instal
 bare import of the start-up module; the line shipped before, which imported it behind a guard;
 the placeholder line with a guard that kept one placeholder although a venv runs the line twice;
 the placeholder line with the watched names in a set (before); the same line written by hand, the
-watched names in declaration order (before); and the shipped line (rendered by ``_pth_line``), which
+watched names in declaration order (before); and the shipped line (rendered by ``pth_line``), which
 puts a placeholder there each time and imports nothing.
 """
 
@@ -42,7 +42,7 @@ SET_LINE = (
     "megatron'.split()), r=[]: exec('try: from _verl_npu_autopatch_startup import take_over as t; "
     "r.append(t(n, *a))\\nexcept Exception: r.append(w.clear())') or r.pop() if n in w else None))\n"
 )
-#: The placeholder line shipped until the line was rendered from ``WATCHED`` (``_pth_line``): the
+#: The placeholder line shipped until the line was rendered from ``WATCHED`` (``pth_line``): the
 #: same line with the watched names in their declaration order instead of sorted.
 WRITTEN_LINE = (
     "import sys; sys.meta_path.insert(0, type(sys.implementation)(verl_npu_autopatch_placeholder=True, "

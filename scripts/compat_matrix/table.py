@@ -47,7 +47,7 @@ def static_patches(prefixes: tuple[str, ...] = ("",)) -> list[Any]:
 
 def gate(patch: Any, versions: dict[str, str]) -> str | None:
     """Why ``patch`` is gated for a release with these distribution versions, or ``None``: the
-    engine's own gate rule (``_pipeline.first_failure``), fed the release's versions."""
+    engine's own gate rule (``decision.first_failure``), fed the release's versions."""
     from verl_npu_autopatch.engine.decision import first_failure
 
     def version_of(name: str) -> str | None:

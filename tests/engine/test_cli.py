@@ -26,7 +26,7 @@ def test_status_json_shows_files_configuration_device_and_gates(base_python: Pat
     proc = cli(base_python, "status", "--json", env={"VERL_NPU_AUTOPATCH_DEVICE": "bogus"})
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert {Path(p).name for p in data["startup_files"]} == {"verl_npu_autopatch.pth", "verl_npu_autopatch.start"}
+    assert {Path(p).name for p in data["install_files"]} == {"verl_npu_autopatch.pth", "verl_npu_autopatch.start"}
     assert data["observer_installed"] is True
     assert data["configuration"]["device"] == "auto"
     assert any("VERL_NPU_AUTOPATCH_DEVICE='bogus'" in w for w in data["warnings"])

@@ -24,7 +24,7 @@ def matrix_script() -> types.ModuleType:
 
 def live_sites(patch: Any) -> list[Any]:
     """A :class:`~verl_npu_autopatch.authoring.spec.Site` per variant of ``patch`` present in the installed
-    packages (modules imported), in variant order, as ``_pipeline.resolve`` builds them."""
+    packages (modules imported), in variant order, as ``decision.resolve`` builds them."""
     from verl_npu_autopatch.authoring.spec import Site
 
     sites = []

@@ -1,5 +1,5 @@
 """The per-patch decision pipeline as a function of its inputs: no engine, no wrapt, no hooks.
-Each test hands ``_pipeline.run`` a patch, its variants, a module and a configuration and reads
+Each test hands ``decision.run`` a patch, its variants, a module and a configuration and reads
 the outcome; one runs it in a child interpreter where wrapt cannot be imported."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``--ray``'s child process and its deadlines, without Ray: how ``auto`` is resolved, the TCP
 check, the parent reading a child that answers, hangs or dies, the progress line, the cluster
-named on the screen (``_ray_session``; the same against a real cluster: ``tests/ray``)."""
+named on the screen (``ray_session``; the same against a real cluster: ``tests/ray``)."""
 
 from __future__ import annotations
 

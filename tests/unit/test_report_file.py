@@ -1,4 +1,4 @@
-"""The report writer's logic in-process (``_report_file``, issue 37): names, bounded content, the
+"""The report writer's logic in-process (``report_file``, issue 37): names, bounded content, the
 temporary file created exclusively, a failed rewrite that leaves the report marked incomplete, and
 ``VERL_NPU_AUTOPATCH_REPORT_DIR`` / ``_REPORT_MODE`` as the configuration reads them. Child
 interpreters, forks, exec and other users: tests/reliability/test_report_dir.py."""

@@ -1,4 +1,4 @@
-"""Version gates (``_environment.check_requirement``): a bare name is decided without importing
+"""Version gates (``environment.check_requirement``): a bare name is decided without importing
 ``packaging.requirements``; a specifier is decided by packaging, pre-releases included."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Foreign text made safe (``_text``): broken ``__str__``, escape sequences, megabytes."""
+"""Foreign text made safe (``text``): broken ``__str__``, escape sequences, megabytes."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def decides(
 ) -> Callable[[Callable[..., Verdict]], TargetRule]:
     """Binds the decorated rule to ``target`` (``module:Class.method``) and the code it reads
     beside it (``reading``, the same form); with ``params`` (``()`` too: no parameters), code taking other parameters is
-    ``unsupported`` naming both signatures (:func:`~._fingerprints.takes`)."""
+    ``unsupported`` naming both signatures (:func:`~.fingerprints.takes`)."""
     parsed = Target.parse(target)
     others = tuple(map(Target.parse, reading))
 

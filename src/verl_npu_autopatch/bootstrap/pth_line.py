@@ -7,7 +7,7 @@ that the committed file is :func:`render`'s; after a change to ``WATCHED`` or th
 ``site`` runs a ``.pth`` line starting with ``import`` as code, compiled at every interpreter
 start (twice in a venv, cpython#75723): so the line is one short statement that imports nothing
 and defines no function but a lambda (docs/performance.md, (a)). It puts a *placeholder* first on
-``sys.meta_path``, standing in for the start-up observer (``_startup.Observer``, whose mode is
+``sys.meta_path``, standing in for the start-up observer (``startup.Observer``, whose mode is
 "placeholder" meanwhile) until the first watched name.
 """
 

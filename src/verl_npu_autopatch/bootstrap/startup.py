@@ -1,12 +1,12 @@
 """The start-up module and its :data:`OBSERVER` (docs/internals.md, "How it works"). Nothing imports it
-at interpreter start: the ``.pth`` line (``_pth_line``) puts a placeholder on ``sys.meta_path``, and
+at interpreter start: the ``.pth`` line (``pth_line``) puts a placeholder on ``sys.meta_path``, and
 the first watched name imports this module, as ``_verl_npu_autopatch_startup`` (the wheel's root
 copy of this file), holding the global import lock, and calls :func:`take_over`; the PEP 829
 ``.start`` file calls :func:`install_observer`. One module object per process, under both names:
 the root module registers itself under the package's name, or the package's copy, imported first, under the root's.
 Standard library only (modules already loaded); never raises, prints or writes. A watched package
 gets an :class:`ActivatingLoader`: on a plainly inactive host (:func:`plainly_inactive`) it loads
-untouched, with nothing imported; otherwise the loader's work (``_activation``) is imported then.
+untouched, with nothing imported; otherwise the loader's work (``activation``) is imported then.
 """
 
 import os
@@ -88,7 +88,7 @@ def npu_stack_installed():
 def plainly_inactive():
     """This host needs no engine, and nothing needs the configuration read to say so: ``torch_npu``
     cannot be found and no variable could change that decision or warn (:data:`DECIDING` unset,
-    :data:`SWITCHES` unset or understood). Every other case is decided by ``_activation``."""
+    :data:`SWITCHES` unset or understood). Every other case is decided by ``activation``."""
     try:
         environ = os.environ
         if any(environ.get(name, "").strip() for name in DECIDING):
@@ -143,7 +143,7 @@ class Observer:
     ) -> "ModuleSpec | None":
         """A re-executed patched module's spec from its watcher; a watched package's real spec with
         an activating loader; else ``None`` (two frozenset lookups), unless guarding or resuming:
-        then ``_activation.waits_for_activation`` (loaded: an activation began) decides."""
+        then ``activation.waits_for_activation`` (loaded: an activation began) decides."""
         if fullname in self.again:
             spec = self._again(fullname, path, target)
             if spec is not None:
@@ -276,7 +276,7 @@ class Observer:
 
 
 def _fork_safe():
-    """Have ``_activation.after_fork_in_child`` run in a fork's child: registered once per process,
+    """Have ``activation.after_fork_in_child`` run in a fork's child: registered once per process,
     when a first activation begins (never at start-up)."""
     if not OBSERVER.at_fork and hasattr(os, "register_at_fork"):
         OBSERVER.at_fork = True
@@ -358,7 +358,7 @@ class ActivatingLoader:
 
     def create_module(self, spec):
         """For a watched package, decide whether this host is inactive (:func:`plainly_inactive`, else
-        ``_activation``), before the module is in ``sys.modules``."""
+        ``activation``), before the module is in ``sys.modules``."""
         if self.waits_for is None and plainly_inactive():
             self.inactive = True
             OBSERVER.retire_inactive(spec.name)
@@ -374,7 +374,7 @@ class ActivatingLoader:
         return create(spec) if create is not None else None
 
     def exec_module(self, module):
-        """Run the real loader (through ``_activation`` unless inactive or broken). If the package
+        """Run the real loader (through ``activation`` unless inactive or broken). If the package
         raises, this frame leaves the traceback (3.11+; the exception is unchanged)."""
         try:
             if self.inactive or self.broken:

@@ -223,7 +223,7 @@ def first_screen(log: str, full: bool) -> str:
 
 def add_warnings(data: dict[str, Any]) -> None:
     """Add to the child's report what only the command line checks: variables set in this
-    environment that look meant for the package but are not read (``_config.unknown_variables``)."""
+    environment that look meant for the package but are not read (``config.unknown_variables``)."""
     from verl_npu_autopatch.engine.config import variable_warnings
 
     if "warnings" in data:
@@ -232,8 +232,8 @@ def add_warnings(data: dict[str, Any]) -> None:
 
 class Progress(summary.StatusLine):
     """``doctor``'s progress on a terminal's stderr: once the child has run
-    :data:`~._summary.PROGRESS_AFTER_S`, one line rewritten in place (the targets imported so far
-    out of all, the step running), erased by :meth:`~._summary.StatusLine.clear`."""
+    :data:`~.summary.PROGRESS_AFTER_S`, one line rewritten in place (the targets imported so far
+    out of all, the step running), erased by :meth:`~.summary.StatusLine.clear`."""
 
     def __call__(self, output: str) -> None:
         elapsed = self.due()

@@ -1,11 +1,11 @@
 """``verl-npu-autopatch fleet DIR...``: what every process of a job decided, from the report files
-its processes wrote into ``VERL_NPU_AUTOPATCH_REPORT_DIR`` (see ``_report_file``).
+its processes wrote into ``VERL_NPU_AUTOPATCH_REPORT_DIR`` (see ``report_file``).
 
 This module reads the files, tells live processes from stale ones, names each process's role
-and compares the patches across processes; ``_fleet_view`` prints the result and ``_fleet_ray``
+and compares the patches across processes; ``fleet_view`` prints the result and ``fleet_ray``
 gathers the files from every node of a Ray cluster.
 
-Every file is untrusted (``_fleet_file``: regular files only, bounded, checked against the schema;
+Every file is untrusted (``fleet_file``: regular files only, bounded, checked against the schema;
 the others are listed unreadable). Stale: a file whose process is gone. On the host that wrote it
 (same host name, boot and pid namespace) that is exact: the pid is not running, runs a later
 process (another start time, read back through the time namespace's offset when the writer runs in

@@ -14,7 +14,7 @@ from verl_npu_autopatch.cli.summary import wrap
 from verl_npu_autopatch.engine.config import LEGACY_GLM52, PREFIX
 from verl_npu_autopatch.engine.text import cut, printable
 
-#: One short line per configuration variable (``_config.VARIABLES`` has the accepted values).
+#: One short line per configuration variable (``config.VARIABLES`` has the accepted values).
 VARIABLE_HELP = {
     PREFIX: "0 switches everything off (the start-up placeholder stays, doing nothing)",
     f"{PREFIX}_ENABLE": "opt-in patches or groups to turn on",

@@ -117,7 +117,7 @@ def status_data(timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
         "version": __version__,
         "package": str(Path(__file__).parent),
         "python": sys.executable,
-        "startup_files": files,
+        "install_files": files,
         "observer_installed": OBSERVER.hooked(),
         "observer": OBSERVER.mode,
         "site_disabled": bool(sys.flags.no_site),
@@ -167,7 +167,7 @@ def status_attention(data: dict[str, Any]) -> list[str]:
     items = [f"ERROR: {text}" for text in data["errors"]]
     items += [f"WARNING: {text}" for text in data["warnings"]]
     items += [f"plugin {e['name']} failed to load: {e['error']}" for e in data["load_errors"]]
-    if not data["startup_files"]:
+    if not data["install_files"]:
         items.append("the start-up hook (.pth) is not installed in this environment: see docs/troubleshooting.md")
     return items
 
@@ -196,7 +196,7 @@ def print_status(data: dict[str, Any], full: bool = False) -> None:
     say(f"package: {data['package']}")
     say(f"python: {data['python']}")
     show("start-up files:")
-    for path in data["startup_files"] or ["NOT FOUND: start-up hook not installed in this environment"]:
+    for path in data["install_files"] or ["NOT FOUND: start-up hook not installed in this environment"]:
         say(path, indent="  ")
     say(f"start-up hook in this process: {hook_state(data)}")
     say("configuration: " + ", ".join(f"{k}={v}" for k, v in data["configuration"].items() if k != "warnings"))

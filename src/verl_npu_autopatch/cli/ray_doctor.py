@@ -332,7 +332,7 @@ def main(args: Any, status: str) -> int:
     if args.ray is None:
         print("doctor: --runtime-env needs --ray", file=sys.stderr)
         return UNUSABLE
-    runtime_env: dict[str, Any] | None = args.runtime_env  # a JSON object (``_cli_help.json_object``)
+    runtime_env: dict[str, Any] | None = args.runtime_env  # a JSON object (``help_text.json_object``)
     if args.device:
         runtime_env = dict(runtime_env or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), "VERL_NPU_AUTOPATCH_DEVICE": args.device}

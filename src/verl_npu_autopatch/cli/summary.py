@@ -37,7 +37,7 @@ def count(n: int, noun: str, plural: str = "") -> str:
 
 
 #: The longest reason or item the first screen shows (``--all`` and ``--json`` show the whole record,
-#: bounded at its creation by ``_text.REASON_CHARS``).
+#: bounded at its creation by ``text.REASON_CHARS``).
 REASON_SHOWN = 300
 
 #: States whose records share one reason worth showing once per group (the rest: per patch).

@@ -3,7 +3,7 @@ in the patch's slot, what was installed remembered there, re-checked against the
 (``ownership.recheck``), applied again after ``importlib.reload``, handed over between patches
 (it is the :class:`~verl_npu_autopatch.authoring.handover.HandOver` the fixes' sites carry) and reverted.
 
-:class:`AppliedFixes` acts on the engine's slots (``_slots.Slots``), given at its creation, and
+:class:`AppliedFixes` acts on the engine's slots (``slots.Slots``), given at its creation, and
 knows nothing else of the engine."""
 
 from __future__ import annotations
@@ -361,7 +361,7 @@ class AppliedFixes:
 
 
 def describe(exc: BaseException) -> str:
-    """``_text.describe``, imported on first use (the inactive path never formats an exception)."""
+    """``text.describe``, imported on first use (the inactive path never formats an exception)."""
     from verl_npu_autopatch.engine.text import describe
 
     return describe(exc)

@@ -109,7 +109,7 @@ def builtin(package: str = PACKAGE) -> list[Patch]:
 
 class Declared:
     """A built-in patch as the index declares it: all the engine reads before its target is
-    imported (:func:`~._pipeline.plan`, the record, the hooks); :meth:`load` gives the patch."""
+    imported (:func:`~.decision.plan`, the record, the hooks); :meth:`load` gives the patch."""
 
     __slots__ = ("default", "device", "family", "groups", "hooks", "name", "requires")
 

@@ -4,7 +4,7 @@ and installed metadata only (shared by the engine and ``status``). When a target
 pass (:func:`run`): resolve a variant (which of a patch's variants is live, or why none can be:
 :func:`resolve`), gate on the device, yield to another owner, recognise our own fix, check, fix.
 It keeps no state and needs no wrapt; the engine records its :class:`Outcome` (see
-``_installed.AppliedFixes.apply``)."""
+``applied.AppliedFixes.apply``)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ installed metadata (``importlib.metadata``) and are cached per process.
 """
 
 # No ``from __future__ import annotations``: a first watched import with a configuration set
-# decides here (``_activation.inactive_here``), where importing ``__future__`` would cost more than
+# decides here (``activation.inactive_here``), where importing ``__future__`` would cost more than
 # the module.
 # findable (a top-level module could be imported; found without importing it) and
 # npu_stack_installed (torch_npu is findable): the start-up module's own, its loader decides with them first

@@ -1,7 +1,7 @@
 """The engine's life cycle: activation, hook registration, applying each patch as its target is
-imported, and the in-process records (``report``, ``revert``). Its other jobs: ``_pipeline`` (one
-patch's decision, from its gates to its fix), ``_logging``, and the objects it holds, ``_slots.Slots``
-(the patches' slots), ``_hooks.Hooks`` and ``_installed.AppliedFixes`` (what was installed:
+imported, and the in-process records (``report``, ``revert``). Its other jobs: ``decision`` (one
+patch's decision, from its gates to its fix), ``log``, and the objects it holds, ``slots.Slots``
+(the patches' slots), ``hooks.Hooks`` and ``applied.AppliedFixes`` (what was installed:
 re-check, hand-over, revert; it acts on the slots); the start-up observer it drives, or a
 :class:`NullObserver`.
 
@@ -47,7 +47,7 @@ class PatchError(RuntimeError):
 
 class NullObserver:
     """An observer that does nothing: no start-up hook, nothing to guard, never woken inactive. The
-    process's observer (``_startup.OBSERVER``) is the process-wide engine's alone; every other
+    process's observer (``startup.OBSERVER``) is the process-wide engine's alone; every other
     engine (tests, tools) gets this one, so it never touches the process's start-up hook."""
 
     inactive_trigger = ""
@@ -70,8 +70,8 @@ class Engine:
 
     ``catalog`` and ``config`` default to the built-in catalog (plus entry points) and the environment; tests
     pass their own. ``observer`` is the process's start-up observer, given to the process-wide engine alone (by
-    default a :class:`NullObserver`). Each patch has one :class:`~._slots.Slot` in :attr:`slots` (their lock
-    also guards the status); its :class:`~._installed.AppliedFixes` is the fixes' ``site.engine`` (:attr:`hand_over`).
+    default a :class:`NullObserver`). Each patch has one :class:`~.slots.Slot` in :attr:`slots` (their lock
+    also guards the status); its :class:`~.applied.AppliedFixes` is the fixes' ``site.engine`` (:attr:`hand_over`).
     """
 
     def __init__(
@@ -187,7 +187,7 @@ class Engine:
         self._observer.resume_observing(self._observed)
 
     def after_fork(self) -> None:
-        """In the child of ``os.fork()`` (``_activation`` registers the handler): the locks may be
+        """In the child of ``os.fork()`` (``activation`` registers the handler): the locks may be
         held by threads not there; an activation under way in one is abandoned, not in this one."""
         if self.status == "activating" and self._activator == _thread.get_ident():
             return
@@ -334,7 +334,7 @@ class Engine:
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
     def revert(self, name: str | None = None) -> list[str]:
-        """Undo applied patches (all, one by name, or a group; :meth:`~._installed.AppliedFixes.revert`);
+        """Undo applied patches (all, one by name, or a group; :meth:`~.applied.AppliedFixes.revert`);
         a name of no patch or group reverts nothing and logs one warning with the closest names."""
         if name is not None and (not isinstance(name, str) or name not in (known := self._names())):
             from verl_npu_autopatch.engine.config import closest, shown
@@ -354,12 +354,12 @@ class Engine:
     @property
     def hand_over(self) -> HandOver:
         """What the fixes' ``site.engine`` is: the records, notes, re-applying and yielding of
-        patches that arbitrate (:class:`~._installed.AppliedFixes`)."""
+        patches that arbitrate (:class:`~.applied.AppliedFixes`)."""
         return self._installed
 
 
 # --------------------------------------------------------------------- process-wide engine
-#: The process's engine, kept on its observer (kept by ``sys``: ``_startup.ANCHOR``), so a reload or
+#: The process's engine, kept on its observer (kept by ``sys``: ``startup.ANCHOR``), so a reload or
 #: a fresh copy of this module (``mock.patch.dict(sys.modules)``) has the same one, records and all.
 #: It alone has the process's observer guard imports while it activates (the composition root).
 _ENGINE: Engine = OBSERVER.engine or Engine(observer=OBSERVER)

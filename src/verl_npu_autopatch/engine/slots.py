@@ -81,7 +81,7 @@ class Slots(dict[str, Slot]):
 
     def set_state(self, record: Record, state: RecordState, reason: str, exc: BaseException | None = None) -> None:
         """Record a decision and log it once (``exc``: its traceback goes with the line). The
-        reason is kept within ``_text.REASON_CHARS`` (it may quote a plugin's or upstream's text)."""
+        reason is kept within ``text.REASON_CHARS`` (it may quote a plugin's or upstream's text)."""
         from verl_npu_autopatch.engine.text import safe_str  # (records exist on the active path only)
 
         reason = safe_str(reason)

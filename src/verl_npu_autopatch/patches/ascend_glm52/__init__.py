@@ -37,7 +37,7 @@
   where that module has ``DeviceOperator``, and a variant whose check says unsupported hands over
   to the next; the static rule follows the same order (``static.static_indexer``).
 
-Each patch's decision is a pure rule over :class:`~._fingerprints.Code` values, used by ``check`` on the
+Each patch's decision is a pure rule over :class:`~.fingerprints.Code` values, used by ``check`` on the
 live target and by ``scripts/compat-matrix`` (the patch's ``static`` rule) on a release's source.
 
 Next to verl 0.9's ``patch_vllm_ascend_glm52`` (same three fixes): each of ours carries verl's

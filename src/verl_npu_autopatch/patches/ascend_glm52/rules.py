@@ -1,5 +1,5 @@
 """The decisions of the GLM-5.2 vllm-ascend patches (``ascend_glm52``): pure rules over
-:class:`~._fingerprints.Code` values, with the upstream names and source fingerprints they read.
+:class:`~.fingerprints.Code` values, with the upstream names and source fingerprints they read.
 The live ``check`` calls them on the imported target, the static rules (``static``) on a
 release's source, so both decide with the one implementation."""
 

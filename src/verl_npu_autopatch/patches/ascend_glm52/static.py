@@ -1,5 +1,5 @@
 """The static rules of the GLM-5.2 vllm-ascend patches (``ascend_glm52``): each decides on a
-release's source (an :class:`~._fingerprints.UpstreamTree`, read with :mod:`ast`, never run) with
+release's source (an :class:`~.fingerprints.UpstreamTree`, read with :mod:`ast`, never run) with
 the same rule ``check`` applies to the live code (``rules``), for ``scripts/compat-matrix``."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def static_kv_b_proj(tree: UpstreamTree) -> Verdict:
 def static_indexer(tree: UpstreamTree) -> Verdict:
     """``ascend.sfa_indexer_scale`` on a release, in the engine's variant order: a variant counts
     only where its module holds the unscaled code the fix is for, and one whose rule says
-    unsupported hands over to the next, as ``_pipeline.run`` does. vllm-ascend 0.24 - 0.27 ship an
+    unsupported hands over to the next, as ``decision.run`` does. vllm-ascend 0.24 - 0.27 ship an
     ``attention/indexer.py`` that is only a cache-layer placeholder (no ``DeviceOperator``, no
     ``AscendSFAIndexerBackend.forward``): there the unscaled code is still
     ``AscendSFAImpl.indexer_select_post_process`` in sfa_v1."""
