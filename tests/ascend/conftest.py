@@ -52,7 +52,7 @@ def releases() -> dict[str, tuple[Path, Path]]:
 @pytest.fixture
 def npu() -> Iterator[None]:
     """The torch_npu / torch.npu / acl.rt test doubles, installed for one test."""
-    with doubles.on_meta_path():
+    with doubles.installed():
         yield
 
 
