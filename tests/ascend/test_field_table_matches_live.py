@@ -23,6 +23,8 @@ from tests.ascend.test_ascend_mooncake_sleep_reregister import sleeping  # noqa:
 from tests.ascend.test_ascend_mooncake_truncate_rehash import RELEASES as TRUNCATING
 from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_wake_expert_layout import RELEASES as WAKING
+from tests.ascend.test_ascend_wake_expert_layout import waking  # noqa: F401  (fixture)
 from tests.support import contract, upstream
 from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 from verl_npu_autopatch.authoring.spec import Patch
@@ -35,6 +37,7 @@ from verl_npu_autopatch.patches import (
     ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
     ascend_sampler_record_stream,
+    ascend_wake_expert_layout,
 )
 
 STATES = {"apply": "applied", "fixed-upstream": "fixed-upstream", "unsupported": "unsupported"}
@@ -108,3 +111,9 @@ def test_mooncake_sleep_reregister(
 ) -> None:
     (patch,) = ascend_mooncake_sleep_reregister.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["sleeping"], releases)
+
+
+@pytest.mark.parametrize("waking", WAKING, indirect=True)
+def test_wake_expert_layout(waking: types.SimpleNamespace, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_wake_expert_layout.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["waking"], releases)
