@@ -24,6 +24,7 @@ from verl_npu_autopatch.patches import (
     ascend_mooncake_hybrid_send_counts,
     ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
+    ascend_mxfp8_reload_in_place,
     ascend_routed_experts_capture,
     ascend_sampler_record_stream,
     ascend_wake_expert_layout,
@@ -194,6 +195,23 @@ def wake_layout(source: str, params: tuple[str, ...] = ("self", "tags")) -> Verd
     return ascend_wake_expert_layout.wake_layout_rule(Code(source, params))
 
 
+MXFP8_NEW = (
+    'defprocess_weights_after_loading(self,layer):ifgetattr(layer,"_mxfp8_transformed",False):return'
+    "layer.weight.data=layer.weight.data.transpose(0,1).contiguous()"
+    "layer.weight_scale.data=layer.weight_scale.data.transpose(0,1).contiguous()layer._mxfp8_transformed=True"
+)
+MXFP8_ONCE = (
+    'defprocess_weights_after_loading(self,layer):ifnothasattr(layer,"_mxfp8_weight_buf"):'
+    "layer._mxfp8_weight_buf=layer.weight.data.transpose(0,1).contiguous()"
+    "else:layer._mxfp8_weight_buf.copy_(layer.weight.data.transpose(0,1).contiguous())"
+)
+MXFP8_VIEW = "defprocess_weights_after_loading(self,layer):layer.weight.data=layer.weight.data.transpose(0,1)"
+
+
+def mxfp8(source: str, params: tuple[str, ...] = ("self", "layer")) -> Verdict:
+    return ascend_mxfp8_reload_in_place.mxfp8_rule(Code(source, params))
+
+
 def send_counts(load: str, pulls: Code | None = HYBRID_PULLS, add: Code | None = ADD_REQUEST) -> Verdict:
     return ascend_mooncake_hybrid_send_counts.send_counts_rule(Code(load, ("self", "metadata")), pulls, add)
 
@@ -341,6 +359,11 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "wake layout: no CaMem wake-up": (lambda: wake_layout("defwake_up(self,tags=None):pass"), "unsupported"),
     "wake layout: other parameters": (lambda: wake_layout(WAKE_FLIP, ("self",)), "unsupported"),
+    # ascend.mxfp8_reload_in_place: AscendW8A8MXFP8DynamicLinearMethod.process_weights_after_loading
+    "mxfp8: 0.23.0 new tensors at every reload": (lambda: mxfp8(MXFP8_NEW), "apply"),
+    "mxfp8: 0.23.0.post1 buffers made once": (lambda: mxfp8(MXFP8_ONCE), "fixed-upstream"),
+    "mxfp8: 0.18.0 transposes by view": (lambda: mxfp8(MXFP8_VIEW), "unsupported"),
+    "mxfp8: other parameters": (lambda: mxfp8(MXFP8_NEW, ("self",)), "unsupported"),
     # ascend.mooncake_sleep_reregister
     "sleep reregister: 0.23.0 sleep, wake-up, registration": (lambda: reregister(SLEEP_DEF), "apply"),
     "sleep reregister: sleep unregisters": (
