@@ -20,9 +20,11 @@ from tests.ascend.test_ascend_mooncake_aborted_receive import connector  # noqa:
 from tests.ascend.test_ascend_mooncake_hybrid_send_counts import hybrid  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_sleep_reregister import sleeping  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mxfp8_reload_in_place import mxfp8  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_capture import release  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_routed_experts_dp_padding_trim import paired  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_wake_expert_layout import waking  # noqa: F401  (fixture)
 from tests.ascend.test_verl_ascend_coexistence import glm  # noqa: F401  (fixture)
 from tests.ascend.test_vllm_engine_partial_wake_up import core_023  # noqa: F401  (fixture)
 from tests.ascend.test_vllm_routed_experts_padding_slots import capturer  # noqa: F401  (fixture)
@@ -39,9 +41,11 @@ from verl_npu_autopatch.patches import (
     ascend_mooncake_hybrid_send_counts,
     ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
+    ascend_mxfp8_reload_in_place,
     ascend_routed_experts_capture,
     ascend_routed_experts_dp_padding_trim,
     ascend_sampler_record_stream,
+    ascend_wake_expert_layout,
     vllm_engine_partial_wake_up,
     vllm_routed_experts_padding_slots,
 )
@@ -131,6 +135,18 @@ def test_dispatcher_expert_ids_sleep_changes_the_dispatcher_and_camem(dispatchin
             f"{family.CAMEM}:CaMemAllocator.wake_up",
         }
     }
+
+
+@pytest.mark.parametrize("waking", ["0.13.0", "0.25.1rc1"], indirect=True)
+def test_wake_expert_layout(waking: types.SimpleNamespace) -> None:  # noqa: F811
+    target = f"{ascend_wake_expert_layout.WORKER}:NPUWorker.wake_up"
+    assert _applied(ascend_wake_expert_layout.PATCHES) == {"ascend.wake_expert_layout": {target}}
+
+
+@pytest.mark.parametrize("mxfp8", ["0.23.0", "0.25.1rc1"], indirect=True)
+def test_mxfp8_reload_in_place(mxfp8: types.SimpleNamespace) -> None:  # noqa: F811
+    target = f"{ascend_mxfp8_reload_in_place.MXFP8}:{ascend_mxfp8_reload_in_place.METHOD}"
+    assert _applied(ascend_mxfp8_reload_in_place.PATCHES) == {"ascend.mxfp8_reload_in_place": {target}}
 
 
 @pytest.mark.parametrize("linear", ["0.23.0", "0.27.1rc1"], indirect=True)

@@ -22,7 +22,11 @@ from tests.ascend.test_ascend_mooncake_sleep_reregister import RELEASES as SLEEP
 from tests.ascend.test_ascend_mooncake_sleep_reregister import sleeping  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_mooncake_truncate_rehash import RELEASES as TRUNCATING
 from tests.ascend.test_ascend_mooncake_truncate_rehash import truncating  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_mxfp8_reload_in_place import RELEASES as MXFP8
+from tests.ascend.test_ascend_mxfp8_reload_in_place import mxfp8  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_sampler_record_stream import sampler  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_wake_expert_layout import RELEASES as WAKING
+from tests.ascend.test_ascend_wake_expert_layout import waking  # noqa: F401  (fixture)
 from tests.support import contract, upstream
 from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 from verl_npu_autopatch.authoring.spec import Patch
@@ -34,7 +38,9 @@ from verl_npu_autopatch.patches import (
     ascend_mooncake_hybrid_send_counts,
     ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
+    ascend_mxfp8_reload_in_place,
     ascend_sampler_record_stream,
+    ascend_wake_expert_layout,
 )
 
 STATES = {"apply": "applied", "fixed-upstream": "fixed-upstream", "unsupported": "unsupported"}
@@ -108,3 +114,15 @@ def test_mooncake_sleep_reregister(
 ) -> None:
     (patch,) = ascend_mooncake_sleep_reregister.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["sleeping"], releases)
+
+
+@pytest.mark.parametrize("waking", WAKING, indirect=True)
+def test_wake_expert_layout(waking: types.SimpleNamespace, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_wake_expert_layout.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["waking"], releases)
+
+
+@pytest.mark.parametrize("mxfp8", MXFP8, indirect=True)
+def test_mxfp8_reload_in_place(mxfp8: types.SimpleNamespace, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_mxfp8_reload_in_place.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["mxfp8"], releases)

@@ -90,6 +90,18 @@ def test_waits_for_a_module_to_come_and_concludes_once_it_is_absent() -> None:
     assert absent.reason == f"expected {name}:Layer.forward; found {name}:Layer.forward (module {name} does not exist)"
 
 
+def test_a_module_under_a_subpackage_that_cannot_exist_is_absent(module: types.ModuleType) -> None:
+    """The parent package is imported; the subpackage holding the variant is not there (a release
+    that has not moved the code yet), so the variant cannot come either."""
+    module.__path__ = []  # type: ignore[attr-defined]  (a package holding no submodule)
+    moved = f"{module.__name__}.nowhere.deeper"
+    outcome = decide(patch_on(f"{moved}:Layer.forward"), None)
+    assert outcome.state == "unsupported"
+    assert outcome.reason.endswith(f"(module {moved} does not exist)")
+    waiting = decide(patch_on(f"pipeline_unimported_{next(_counter)}.sub:Layer.forward"), None)
+    assert waiting.state == "pending", "a top-level package not imported yet may still come"
+
+
 def test_missing_attribute_names_the_first_part_not_there(module: types.ModuleType) -> None:
     outcome = decide(patch_on(f"{module.__name__}:Layer.gone.deeper"), module)
     assert outcome.state == "unsupported"

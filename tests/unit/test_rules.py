@@ -24,8 +24,10 @@ from verl_npu_autopatch.patches import (
     ascend_mooncake_hybrid_send_counts,
     ascend_mooncake_sleep_reregister,
     ascend_mooncake_truncate_rehash,
+    ascend_mxfp8_reload_in_place,
     ascend_routed_experts_capture,
     ascend_sampler_record_stream,
+    ascend_wake_expert_layout,
     liger_arbitration,
     megatron_async_save_format,
     megatron_expert_bias_fp32,
@@ -187,6 +189,36 @@ def expert_ids(
     return ascend_dispatcher_expert_ids_sleep.expert_ids_rule.decide(init, wake_up, fused_moe)
 
 
+WAKE_FLIP = (
+    "defwake_up(self,tags=None):allocator=CaMemAllocator.get_instance()allocator.wake_up(tags=tags)"
+    "if'w2_weight'innameandparam.shape[2]==hidden_size:w2_data=param.transpose(1,2)"
+    "setattr(parent_module,param_name,w2_data)elif'w13_weight'innameandparam.shape[1]==hidden_size:"
+    "w13_data=param.transpose(1,2)setattr(parent_module,param_name,w13_data)"
+)
+WAKE_KEEP = "defwake_up(self,tags=None):allocator=CaMemAllocator.get_instance()allocator.wake_up(tags=tags)"
+
+
+def wake_layout(source: str, params: tuple[str, ...] = ("self", "tags")) -> Verdict:
+    return ascend_wake_expert_layout.wake_layout_rule(Code(source, params))
+
+
+MXFP8_NEW = (
+    'defprocess_weights_after_loading(self,layer):ifgetattr(layer,"_mxfp8_transformed",False):return'
+    "layer.weight.data=layer.weight.data.transpose(0,1).contiguous()"
+    "layer.weight_scale.data=layer.weight_scale.data.transpose(0,1).contiguous()layer._mxfp8_transformed=True"
+)
+MXFP8_ONCE = (
+    'defprocess_weights_after_loading(self,layer):ifnothasattr(layer,"_mxfp8_weight_buf"):'
+    "layer._mxfp8_weight_buf=layer.weight.data.transpose(0,1).contiguous()"
+    "else:layer._mxfp8_weight_buf.copy_(layer.weight.data.transpose(0,1).contiguous())"
+)
+MXFP8_VIEW = "defprocess_weights_after_loading(self,layer):layer.weight.data=layer.weight.data.transpose(0,1)"
+
+
+def mxfp8(source: str, params: tuple[str, ...] = ("self", "layer")) -> Verdict:
+    return ascend_mxfp8_reload_in_place.mxfp8_rule(Code(source, params))
+
+
 def send_counts(load: str, pulls: Code | None = HYBRID_PULLS, add: Code | None = ADD_REQUEST) -> Verdict:
     return ascend_mooncake_hybrid_send_counts.send_counts_rule(Code(load, ("self", "metadata")), pulls, add)
 
@@ -325,6 +357,20 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
         lambda: expert_ids(wake_up=Code("defwake_up(self):create_and_map(handle)", ("self",))),
         "unsupported",
     ),
+    # ascend.wake_expert_layout: NPUWorker.wake_up
+    "wake layout: 0.25.1rc1 flips w13/w2 at every weights wake": (lambda: wake_layout(WAKE_FLIP), "apply"),
+    "wake layout: 0.26.0rc1 leaves them alone": (lambda: wake_layout(WAKE_KEEP), "fixed-upstream"),
+    "wake layout: another transpose": (
+        lambda: wake_layout(f"{WAKE_KEEP}w=param.transpose(1,2).contiguous()"),
+        "unsupported",
+    ),
+    "wake layout: no CaMem wake-up": (lambda: wake_layout("defwake_up(self,tags=None):pass"), "unsupported"),
+    "wake layout: other parameters": (lambda: wake_layout(WAKE_FLIP, ("self",)), "unsupported"),
+    # ascend.mxfp8_reload_in_place: AscendW8A8MXFP8DynamicLinearMethod.process_weights_after_loading
+    "mxfp8: 0.23.0 new tensors at every reload": (lambda: mxfp8(MXFP8_NEW), "apply"),
+    "mxfp8: 0.23.0.post1 buffers made once": (lambda: mxfp8(MXFP8_ONCE), "fixed-upstream"),
+    "mxfp8: 0.18.0 transposes by view": (lambda: mxfp8(MXFP8_VIEW), "unsupported"),
+    "mxfp8: other parameters": (lambda: mxfp8(MXFP8_NEW, ("self",)), "unsupported"),
     # ascend.mooncake_sleep_reregister
     "sleep reregister: 0.23.0 sleep, wake-up, registration": (lambda: reregister(SLEEP_DEF), "apply"),
     "sleep reregister: sleep unregisters": (

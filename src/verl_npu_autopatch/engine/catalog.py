@@ -62,6 +62,8 @@ FAMILIES: tuple[str, ...] = (
     "ascend_mooncake_hybrid_send_counts",
     "ascend_mooncake_sleep_reregister",
     "ascend_dispatcher_expert_ids_sleep",
+    "ascend_wake_expert_layout",
+    "ascend_mxfp8_reload_in_place",
     "vllm_engine_partial_wake_up",
     "verl_defer_duplicates",
     "verl_3d_position_ids",

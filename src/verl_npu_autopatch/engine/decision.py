@@ -231,10 +231,13 @@ def initializing(module: ModuleType | None) -> bool:
 
 def known_absent(module: str) -> bool:
     """Whether submodule ``module`` cannot exist: its parent package finished importing and has
-    no such submodule (asking the finders executes nothing)."""
+    no such submodule (asking the finders executes nothing), or the parent itself cannot exist
+    (a subpackage a release has not made yet)."""
     parent = module.rpartition(".")[0]
     package = sys.modules.get(parent) if parent else None
-    if package is None or initializing(package):
+    if package is None:
+        return bool(parent) and known_absent(parent)
+    if initializing(package):
         return False
     try:
         import importlib.util

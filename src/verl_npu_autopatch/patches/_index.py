@@ -98,6 +98,12 @@ INDEX = (
     ('ascend_dispatcher_expert_ids_sleep', (
         ('ascend.dispatcher_expert_ids_sleep', ('sleep_level2', 'ascend'), False, 'npu-stack', (), (('vllm_ascend.ops.fused_moe.token_dispatcher', 'TokenDispatcherWithAll2AllV.__init__', ()),)),
     )),
+    ('ascend_wake_expert_layout', (
+        ('ascend.wake_expert_layout', ('sleep_no_reload', 'ascend'), False, 'npu-stack', (), (('vllm_ascend.worker.worker', 'NPUWorker.wake_up', ()),)),
+    )),
+    ('ascend_mxfp8_reload_in_place', (
+        ('ascend.mxfp8_reload_in_place', ('mxfp8', 'ascend'), False, 'npu-stack', (), (('vllm_ascend.quantization.methods.w8a8_mxfp8', 'AscendW8A8MXFP8DynamicLinearMethod.process_weights_after_loading', ()), ('vllm_ascend.quantization.methods.w8a8.w8a8_mxfp8', 'AscendW8A8MXFP8DynamicLinearMethod.process_weights_after_loading', ()))),
+    )),
     ('vllm_engine_partial_wake_up', (
         ('vllm.engine_partial_wake_up', ('glm52', 'vllm'), False, 'npu-stack', (), (('vllm.v1.engine.core', 'EngineCore.wake_up', ()),)),
     )),
