@@ -13,6 +13,7 @@ import pytest
 from tests.ascend.test_ascend_310p_sampler_record_stream import sampler_310p  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dispatcher_expert_ids_sleep import dispatching  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_dsv4_dummy_tid2eid import dsv4_moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_fused_moe_copies import moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
@@ -33,6 +34,7 @@ from verl_npu_autopatch.patches import (
     ascend_310p_sampler_record_stream,
     ascend_camem_sleep_sync,
     ascend_dispatcher_expert_ids_sleep,
+    ascend_dsv4_dummy_tid2eid,
     ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_gate_fp32_in_place,
@@ -193,3 +195,9 @@ def test_fused_moe_copies(moe: types.SimpleNamespace, names: tuple[str, ...]) ->
     vllm-ascend's (unmarked) value."""
     expected = {f"{model}:{name}" for model in moe.models for name in names}
     assert _applied(ascend_fused_moe_copies.PATCHES) == {"ascend.fused_moe_copies": expected}
+
+
+@pytest.mark.parametrize("dsv4_moe", ["0.23.0.post1", "0.27.1rc1"], indirect=True)
+def test_dsv4_dummy_tid2eid(dsv4_moe: types.ModuleType) -> None:  # noqa: F811
+    init = f"{dsv4_moe.__name__}:{ascend_dsv4_dummy_tid2eid.METHOD}"
+    assert _applied(ascend_dsv4_dummy_tid2eid.PATCHES) == {"ascend.dsv4_dummy_tid2eid": {init}}

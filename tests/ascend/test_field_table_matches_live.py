@@ -11,6 +11,8 @@ import pytest
 
 from tests.ascend.test_ascend_310p_sampler_record_stream import RELEASES as SAMPLER_310P
 from tests.ascend.test_ascend_310p_sampler_record_stream import sampler_310p  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_dsv4_dummy_tid2eid import RELEASES as DUMMY_TID2EID
+from tests.ascend.test_ascend_dsv4_dummy_tid2eid import dsv4_moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import RELEASES as ROPE
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
@@ -32,6 +34,7 @@ from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 from verl_npu_autopatch.authoring.spec import Patch
 from verl_npu_autopatch.patches import (
     ascend_310p_sampler_record_stream,
+    ascend_dsv4_dummy_tid2eid,
     ascend_dsv4_rope_plain_swa,
     ascend_gate_fp32_in_place,
     ascend_mooncake_aborted_receive,
@@ -126,3 +129,9 @@ def test_wake_expert_layout(waking: types.SimpleNamespace, releases: dict, reque
 def test_mxfp8_reload_in_place(mxfp8: types.SimpleNamespace, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
     (patch,) = ascend_mxfp8_reload_in_place.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["mxfp8"], releases)
+
+
+@pytest.mark.parametrize("dsv4_moe", list(DUMMY_TID2EID), indirect=True)
+def test_dsv4_dummy_tid2eid(dsv4_moe: types.ModuleType, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_dsv4_dummy_tid2eid.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["dsv4_moe"], releases)

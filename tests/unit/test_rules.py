@@ -18,6 +18,7 @@ from verl_npu_autopatch.patches import (
     ascend_310p_sampler_record_stream,
     ascend_camem_sleep_sync,
     ascend_dispatcher_expert_ids_sleep,
+    ascend_dsv4_dummy_tid2eid,
     ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_mooncake_aborted_receive,
@@ -215,6 +216,15 @@ MXFP8_ONCE = (
 MXFP8_VIEW = "defprocess_weights_after_loading(self,layer):layer.weight.data=layer.weight.data.transpose(0,1)"
 
 
+TID2EID_PARAMS = ("self", "config", "parallel_config", "quant_config", "prefix", "is_draft_layer")
+TID2EID_ZEROS = "ifself.hash:self.gate.tid2eid=nn.Parameter(torch.zeros(config.vocab_size,k,dtype=torch.int32))"
+TID2EID_DISTINCT = "ifself.hash:t=(ids+offsets)%config.n_routed_expertsself.gate.tid2eid=nn.Parameter(t)"
+
+
+def tid2eid(source: str, params: tuple[str, ...] = TID2EID_PARAMS) -> Verdict:
+    return ascend_dsv4_dummy_tid2eid.tid2eid_rule(Code(source, params))
+
+
 def mxfp8(source: str, params: tuple[str, ...] = ("self", "layer")) -> Verdict:
     return ascend_mxfp8_reload_in_place.mxfp8_rule(Code(source, params))
 
@@ -366,6 +376,11 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     ),
     "wake layout: no CaMem wake-up": (lambda: wake_layout("defwake_up(self,tags=None):pass"), "unsupported"),
     "wake layout: other parameters": (lambda: wake_layout(WAKE_FLIP, ("self",)), "unsupported"),
+    # ascend.dsv4_dummy_tid2eid: DeepseekV4MoE.__init__
+    "tid2eid: 0.27.1rc1 zeros": (lambda: tid2eid(TID2EID_ZEROS), "apply"),
+    "tid2eid: 0.28.0rc1 distinct ids": (lambda: tid2eid(TID2EID_DISTINCT), "fixed-upstream"),
+    "tid2eid: no hash table": (lambda: tid2eid("self.gate=ReplicatedLinear()"), "unsupported"),
+    "tid2eid: other parameters": (lambda: tid2eid(TID2EID_ZEROS, ("self", "config")), "unsupported"),
     # ascend.mxfp8_reload_in_place: AscendW8A8MXFP8DynamicLinearMethod.process_weights_after_loading
     "mxfp8: 0.23.0 new tensors at every reload": (lambda: mxfp8(MXFP8_NEW), "apply"),
     "mxfp8: 0.23.0.post1 buffers made once": (lambda: mxfp8(MXFP8_ONCE), "fixed-upstream"),

@@ -104,6 +104,9 @@ INDEX = (
     ('ascend_mxfp8_reload_in_place', (
         ('ascend.mxfp8_reload_in_place', ('mxfp8', 'ascend'), False, 'npu-stack', (), (('vllm_ascend.quantization.methods.w8a8_mxfp8', 'AscendW8A8MXFP8DynamicLinearMethod.process_weights_after_loading', ()), ('vllm_ascend.quantization.methods.w8a8.w8a8_mxfp8', 'AscendW8A8MXFP8DynamicLinearMethod.process_weights_after_loading', ()))),
     )),
+    ('ascend_dsv4_dummy_tid2eid', (
+        ('ascend.dsv4_dummy_tid2eid', ('dsv4', 'ascend'), False, 'npu-stack', (), (('vllm_ascend.models.deepseek_v4.model', 'DeepseekV4MoE.__init__', ()), ('vllm_ascend.models.deepseek_v4', 'DeepseekV4MoE.__init__', ()))),
+    )),
     ('vllm_engine_partial_wake_up', (
         ('vllm.engine_partial_wake_up', ('glm52', 'vllm'), False, 'npu-stack', (), (('vllm.v1.engine.core', 'EngineCore.wake_up', ()),)),
     )),
