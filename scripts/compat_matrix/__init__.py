@@ -4,8 +4,8 @@ check against real upstream releases, one section per upstream, as ``docs/compat
 Its modules, each with one job: ``fetch`` (release files from PyPI, sha256-checked and cached),
 ``table`` (what every section shares: a patch's cell on a release, ``Section``, drift),
 ``vllm_sections``, ``transformers_section``, ``liger_section``, ``runtime_sections`` (tensordict,
-torch_npu, megatron-core, verl, torch) and ``verl_watch`` (verl's own patch sites), and ``document`` (the
-document, ``--check`` / ``--latest``, the command line). The names below are the tool's face for
+torch_npu, megatron-core, Megatron-Bridge, verl, torch) and ``verl_watch`` (verl's own patch sites),
+and ``document`` (the document, ``--check`` / ``--latest``, the command line). The names below are the tool's face for
 the tests; a test that replaces a function replaces it in the module that holds it
 (``fetch.newer_versions``), where its callers look it up.
 """

@@ -12,8 +12,8 @@ release has an NPU runtime patch site that docs/verl.md's parity table does not 
 
 Sections (``SECTIONS``; each is self-contained, so more can be appended): vllm-ascend (with the
 vLLM release it pairs with), vLLM, transformers, Liger-Kernel; then tensordict, torch_npu,
-megatron-core, verl and torch (``RUNTIME_SECTIONS``; torch's rows: the rules of patches whose check
-also reads torch's own code) and verl's own patch sites (``VERL``). ``WATCHED`` is all of them.
+megatron-core, Megatron-Bridge, verl and torch (``RUNTIME_SECTIONS``; torch's rows: the rules of
+patches whose check also reads torch's own code) and verl's own patch sites (``VERL``). ``WATCHED`` is all of them.
 
     python3 scripts/compat-matrix                     # print the document
     python3 scripts/compat-matrix --write             # regenerate docs/compatibility.md
@@ -61,9 +61,9 @@ def render(tables: dict[str, Rows]) -> str:
         "`python3 scripts/compat-matrix --write` (cache: `.cache/upstream/`);",
         "`tests/ascend/test_compat_matrix.py` fails when this file is stale. `--latest` (run weekly by",
         "`.github/workflows/drift.yml`) computes every release newer than a section's newest column",
-        "(every section below, tensordict / torch_npu / megatron-core / verl / torch included) and fails when one",
-        "changes a cell, or when a newer verl release has an NPU patch site the parity table of",
-        "[verl.md](verl.md#parity-with-verl-091) does not name.",
+        "(every section below, tensordict / torch_npu / megatron-core / Megatron-Bridge / verl / torch",
+        "included) and fails when one changes a cell, or when a newer verl release has an NPU patch site",
+        "the parity table of [verl.md](verl.md#parity-with-verl-091) does not name.",
         "",
     ]
     for section in SECTIONS:
@@ -104,7 +104,7 @@ WATCHED: list[Any] = [*SECTIONS, *RUNTIME_SECTIONS, VERL]
 
 def document() -> str:
     """The whole ``docs/compatibility.md``: the vllm-ascend / vLLM / transformers / Liger tables,
-    the tensordict / torch_npu / megatron-core / verl / torch section, then verl's own patch sites."""
+    the tensordict / torch_npu / megatron-core / Megatron-Bridge / verl / torch section, then verl's own patch sites."""
     return render(compute()) + render_runtime(compute_runtime()) + VERL.render()
 
 

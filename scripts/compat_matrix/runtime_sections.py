@@ -1,5 +1,5 @@
-"""The tensordict, torch_npu, megatron-core, verl and torch sections: each runtime patch against the
-releases of the one project it patches, and, for a patch whose check also reads torch's own code,
+"""The tensordict, torch_npu, megatron-core, Megatron-Bridge, verl and torch sections: each runtime
+patch against the releases of the one project it patches, and, for a patch whose check also reads torch's own code,
 that rule against torch's releases.
 """
 
@@ -12,21 +12,31 @@ from compat_matrix.fetch import CACHE, Artifact, extract
 from compat_matrix.table import STATE_TEXT, Rows, Section, read_files, static_patches, static_rows
 
 # ----------------------------------------------------------------------------- verl runtime fixes
-# tensordict / torch_npu / megatron-core / verl / torch, one release list per project (self-contained).
-#: Project → the package it installs; a patch whose static rule (or one of its ``also`` rules) reads
-#: that package's files is decided on the project's releases, by that rule.
+# tensordict / torch_npu / megatron-core / megatron-bridge / verl / torch, one release list per project.
+#: Project → the package folder it installs; a patch whose static rule (or one of its ``also`` rules)
+#: reads a file under that folder is decided on the project's releases, by that rule. Megatron-Bridge
+#: installs under megatron-core's ``megatron``: a file belongs to the project of the longest folder
+#: holding it (:func:`project_of`).
 RUNTIME_PACKAGES = {
     "tensordict": "tensordict",
     "torch-npu": "torch_npu",
     "megatron-core": "megatron",
+    "megatron-bridge": "megatron/bridge",
     "verl": "verl",
     "torch": "torch",
 }
 
 
+def project_of(file: str) -> str | None:
+    """The runtime project whose package folder holds ``file`` (the longest such folder), or ``None``."""
+    holding = [p for p, folder in RUNTIME_PACKAGES.items() if file.startswith(folder + "/")]
+    return max(holding, key=lambda p: len(RUNTIME_PACKAGES[p]), default=None)
+
+
 def runtime_files(project: str) -> tuple[str, ...]:
     """The files of ``project`` the static rules read (``StaticRule.reads``)."""
-    return read_files(RUNTIME_PACKAGES[project])
+    top = RUNTIME_PACKAGES[project].split("/")[0]
+    return tuple(f for f in read_files(top) if project_of(f) == project)
 
 
 _MEGATRON_TAG = "cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64"
@@ -36,6 +46,7 @@ _TORCH_TAGS = ("cp311-cp311-macosx_14_0_arm64.whl", "cp311-none-macosx_11_0_arm6
 #: Releases read for them, oldest first per project (wheels; megatron-core >= 0.17 needs Python
 #: 3.12 to install but its files read the same). torch: the last release before the 2.8 boundary of
 #: ``megatron.async_save_format``, the first after it, the test environments' 2.13.0, the newest.
+#: megatron-bridge: every final release (0.4.0 on need Python 3.12 to install; their files read the same).
 RUNTIME_RELEASES: tuple[Artifact, ...] = (
     *(
         Artifact("tensordict", v, f"tensordict-{v}-cp311-cp311-manylinux_2_28_x86_64.whl")
@@ -54,6 +65,10 @@ RUNTIME_RELEASES: tuple[Artifact, ...] = (
         Artifact("megatron-core", v, f"megatron_core-{v}-{_MEGATRON_TAG}.whl")
         for v in ("0.12.1", "0.13.1", "0.14.0", "0.15.3", "0.16.0", "0.16.1", "0.17.0rc0", "0.17.0", "0.19.2")
     ),
+    *(
+        Artifact("megatron-bridge", v, f"megatron_bridge-{v}-py3-none-any.whl")
+        for v in ("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.6.0", "0.6.1", "0.6.2")
+    ),
     *(Artifact("verl", v, f"verl-{v}-py3-none-any.whl") for v in ("0.8.0", "0.9.0", "0.9.1")),
     *(Artifact("torch", v, f"torch-{v}-{_TORCH_TAGS[1]}") for v in ("2.7.1", "2.8.0")),
     *(Artifact("torch", v, f"torch-{v}-{_TORCH_TAGS[0]}") for v in ("2.13.0", "2.15.0")),
@@ -64,10 +79,9 @@ def _runtime_section(project: str, prefer: tuple[str, ...]) -> Section:
     """The watched section of one runtime project: its columns are its releases in
     :data:`RUNTIME_RELEASES`, its rows the patches with a static rule reading its package, each
     decided by that rule."""
-    package = RUNTIME_PACKAGES[project]
 
     def reading(rule: Any) -> bool:
-        return any(f.split("/")[0] == package for f in rule.reads)
+        return any(project_of(f) == project for f in rule.reads)
 
     def rule_of(patch: Any) -> Any:
         return next(rule for rule in patch.static.rules() if reading(rule))
@@ -100,6 +114,7 @@ RUNTIME_SECTIONS: list[Section] = [
         ("cp311-cp311-manylinux_2_28_x86_64.whl", "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"),
     ),
     _runtime_section("megatron-core", (f"{_MEGATRON_TAG}.whl", "py3-none-any.whl")),
+    _runtime_section("megatron-bridge", ("py3-none-any.whl",)),
     _runtime_section("verl", ("py3-none-any.whl",)),
     _runtime_section("torch", _TORCH_TAGS),
 ]
@@ -116,15 +131,16 @@ def compute_runtime(cache: Path = CACHE) -> list[tuple[str, str, list[tuple[str,
 
 
 def render_runtime(rows: list[tuple[str, str, list[tuple[str, str, str]]]]) -> str:
-    """The section of the document for the tensordict / torch_npu / megatron-core / verl patches,
+    """The section of the document for the tensordict / torch_npu / megatron-core / Megatron-Bridge / verl patches,
     then torch's side of those whose check reads torch's code."""
     lines = [
         "",
-        "## tensordict, torch_npu, megatron-core, verl and torch",
+        "## tensordict, torch_npu, megatron-core, Megatron-Bridge, verl and torch",
         "",
         "The same for the patches of verl's other NPU runtime fixes (and of fixes to verl's own code),",
         "each against the releases of the one project it patches (wheels from PyPI, sha256-checked,",
-        "read with `ast`, never installed).",
+        "read with `ast`, never installed). Megatron-Bridge installs under megatron-core's `megatron`",
+        "package: a rule reading `megatron/bridge/...` is decided on Megatron-Bridge's releases only.",
         "",
         "Two of them also read torch's own code, so a second row of each (the last ones) decides",
         "that side on torch's releases with the same rule the live check runs:",

@@ -244,6 +244,7 @@ def test_every_section_is_watched():
         "tensordict",
         "torch-npu",
         "megatron-core",
+        "megatron-bridge",  # installs under megatron-core's ``megatron``: its own rows, its own releases
         "verl",  # fixes to verl's own code
         "torch",  # the torch side of the patches whose check reads torch's code
         "verl",  # verl's NPU runtime patch sites
@@ -252,6 +253,19 @@ def test_every_section_is_watched():
     # every rule over another project's code (``StaticRule.also``) is decided in that project's section
     also = {f.split("/")[0] for p in script.static_patches() for rule in p.static.also for f in rule.reads}
     assert also == {"torch"} and also <= set(script.runtime_sections.RUNTIME_PACKAGES.values())
+
+
+def test_a_rule_file_belongs_to_the_project_of_the_longest_folder_holding_it():
+    """Megatron-Bridge's ``megatron/bridge`` lies inside megatron-core's ``megatron``: a rule reading a
+    Bridge file is decided on Bridge's releases, never on megatron-core's."""
+    runtime = upstream.matrix_script().runtime_sections
+    assert runtime.project_of("megatron/bridge/models/conversion/param_mapping.py") == "megatron-bridge"
+    assert runtime.project_of("megatron/core/transformer/transformer_layer.py") == "megatron-core"
+    assert runtime.project_of("megatron/bridge_like.py") == "megatron-core"  # a folder, not a name prefix
+    assert runtime.project_of("torch_npu/utils/x.py") == "torch-npu" and runtime.project_of("vllm/x.py") is None
+    core, bridge = runtime.runtime_files("megatron-core"), runtime.runtime_files("megatron-bridge")
+    assert core and not {f for f in core if f.startswith("megatron/bridge/")}
+    assert set(bridge) == {f for f in runtime.read_files("megatron") if f.startswith("megatron/bridge/")}
 
 
 def test_newer_versions_are_every_release_after_the_column(monkeypatch):

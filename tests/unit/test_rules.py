@@ -8,10 +8,11 @@ import ast
 import textwrap
 import types
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from verl_npu_autopatch.authoring.fingerprints import Code, ModuleSource, definition_defaults
+from verl_npu_autopatch.authoring.fingerprints import Code, ModuleSource, UpstreamTree, definition_defaults
 from verl_npu_autopatch.authoring.patching import parameter_defaults
 from verl_npu_autopatch.authoring.spec import Verdict
 from verl_npu_autopatch.patches import (
@@ -31,6 +32,7 @@ from verl_npu_autopatch.patches import (
     ascend_wake_expert_layout,
     liger_arbitration,
     megatron_async_save_format,
+    megatron_bridge_mindspeed_te,
     megatron_expert_bias_fp32,
     megatron_layer_offset,
     megatron_mtp_postprocess,
@@ -74,6 +76,29 @@ STORED = "".join(hccl.ASSIGNED)
 HCCL = hccl.PARAMS
 AWAITS_TASK = Code("asyncdefwait_for_complete(self):awaitself._taskreturnself.metadata", ("self",))
 RETURNS_AT_ONCE = Code("asyncdefwait_for_complete(self):returnself.metadata", ("self",))
+bridge = megatron_bridge_mindspeed_te
+#: Megatron-Bridge 0.3.0's _detect_parallelism_type, whitespace-free and cut down to what the rule reads.
+DETECT = (
+    "def_detect_parallelism_type(self,module:nn.Module)->str:module_type=type(module).__name__"
+    'ifmodule_type=="TELayerNormColumnParallelLinear":ifself.megatron_paramand('
+    'self.megatron_param.endswith("layer_norm_weight")):return"replicated"return"column"'
+    "forparallelism,typesinself._MODULE_TYPE_REGISTRY.items():ifmodule_typeintypes:returnparallelism"
+    'ifmodule_type=="TELinear":returnmodule.parallel_mode'
+)
+#: 0.5.0's: the fused class matched by a substring constant of the class.
+DETECT_05 = DETECT.replace(
+    'module_type=="TELayerNormColumnParallelLinear"', "self._FUSED_LAYER_NORM_COLUMN_PARALLEL_SUBSTRINGinmodule_type"
+)
+SUBSTRING = {"_FUSED_LAYER_NORM_COLUMN_PARALLEL_SUBSTRING": "LayerNormColumnParallelLinear"}
+TE_REGISTRY = {
+    "column": {"TEColumnParallelLinear", "TELayerNormColumnParallelLinear", "TEColumnParallelGroupedLinear"},
+    "row": {"TERowParallelLinear", "TERowParallelGroupedLinear"},
+    "replicated": {"LayerNorm", "RMSNorm", "TEDotProductAttention"},
+}
+#: A registry naming every MindSpeed class but the fused one (MindSpeedTELinear by its usual mode).
+ALL_BUT_FUSED = {k: v | {n for n, te in bridge.COUNTERPARTS.items() if te in v} for k, v in TE_REGISTRY.items()}
+ALL_BUT_FUSED["column"] |= {"MindSpeedTELinear"}
+DETECTION = ("self", "module")
 POSTPROCESS = "def_postprocess(self,hidden_states,labels):"
 SYNC_09 = "def_sync_all(self):ifself._has_cuda:torch.cuda.synchronize()elifself._has_mps:torch.mps.synchronize()"
 WAKE = (
@@ -487,6 +512,60 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     "reoffload: no checkpoint-engine send": (
         lambda: verl_checkpoint_send_reoffload.reoffload_rule(Code(f"{UPDATE}{NAIVE}", None)),
         "unsupported",
+    ),
+    # megatron.bridge_mindspeed_te (Megatron-Bridge's AutoMapping and MindSpeed's TE class names)
+    "bridge mindspeed: 0.3.0 knows no MindSpeed class": (
+        lambda: bridge.detection_rule(Code(DETECT, DETECTION), bridge.Known(TE_REGISTRY)).reason,
+        "AutoMapping knows none of MindSpeed's 9 TE classes",
+    ),
+    "bridge mindspeed: 0.5.0's substring catches the fused class only": (
+        lambda: bridge.detection_rule(Code(DETECT_05, DETECTION), bridge.Known(TE_REGISTRY, SUBSTRING)).reason,
+        f"AutoMapping knows 1 ({bridge.FUSED}) of MindSpeed's 9 TE classes",
+    ),
+    "bridge mindspeed: a registry entry for the fused class (the hand fix) does not count": (
+        lambda: (
+            bridge.detection_rule(
+                Code(DETECT, DETECTION),
+                bridge.Known({**ALL_BUT_FUSED, "column": ALL_BUT_FUSED["column"] | {bridge.FUSED}}),
+            ).reason
+        ),
+        "AutoMapping knows 8 (MindSpeedTEColumnParallelGroupedLinear, MindSpeedTERowParallelGroupedLinear,"
+        " MindSpeedTEPerformanceColumnParallelGroupedLinear, MindSpeedTEPerformanceRowParallelGroupedLinear,"
+        " MindSpeedTELayernorm, MindSpeedTEDotProductAttention, MindSpeedTELinear, MindSpeedTEColumnParallelLinear)"
+        " of MindSpeed's 9 TE classes",
+    ),
+    "bridge mindspeed: every class known, the fused one by the method": (
+        lambda: bridge.detection_rule(Code(DETECT_05, DETECTION), bridge.Known(ALL_BUT_FUSED, SUBSTRING)),
+        "fixed-upstream",
+    ),
+    "bridge mindspeed: another signature": (
+        lambda: bridge.detection_rule(Code(DETECT, ("self", "module", "param")), bridge.Known(TE_REGISTRY)),
+        "unsupported",
+    ),
+    "bridge mindspeed: no registry lookup in the method": (
+        lambda: bridge.detection_rule(
+            Code(DETECT.replace("self._MODULE_TYPE_REGISTRY", "REGISTRY"), DETECTION), bridge.Known(TE_REGISTRY)
+        ),
+        "unsupported",
+    ),
+    "bridge mindspeed: no per-parameter rule for the fused class": (
+        lambda: bridge.detection_rule(
+            Code(DETECT.replace("layer_norm_weight", "norm"), DETECTION), bridge.Known(TE_REGISTRY)
+        ),
+        "unsupported",
+    ),
+    "bridge mindspeed: no registry on the class": (
+        lambda: bridge.detection_rule(Code(DETECT, DETECTION), None),
+        "unsupported",
+    ),
+    "bridge mindspeed: TE's grouped linears unknown": (
+        lambda: (
+            bridge.detection_rule(
+                Code(DETECT, DETECTION),
+                bridge.Known({k: {n for n in v if "Grouped" not in n} for k, v in TE_REGISTRY.items()}),
+            ).reason
+        ),
+        "expected AutoMapping knowing TE's TEColumnParallelGroupedLinear, TERowParallelGroupedLinear; found none",
     ),
     # verl.hccl_broadcast_thread (0.9.0's executor; 0.8.0 / 0.9.1 call _run on the caller)
     "hccl broadcast: 0.9.0 executor": (
@@ -988,3 +1067,41 @@ def test_the_first_card_is_the_first_npu_id_with_a_logical_chip() -> None:
     assert verl_npu_version_probe.first_card(a3) == 2
     assert verl_npu_version_probe.first_card(mcu_first) == 5
     assert verl_npu_version_probe.first_card("Software Version : 25.5.0\n") is None
+
+
+def test_bridge_mindspeed_reads_the_registry_and_constants_from_the_class_body(tmp_path: Path) -> None:
+    """The table reads ``AutoMapping``'s registry and string constants from the release's source, as the
+    live check reads them from the class; a registry built by code is not read (``unsupported``)."""
+    method = (
+        "    def _detect_parallelism_type(self, module):\n"
+        "        module_type = type(module).__name__\n"
+        "        if self._FUSED in module_type:\n"
+        '            if self.megatron_param.endswith("layer_norm_weight"):\n'
+        '                return "replicated"\n'
+        '            return "column"\n'
+        "        for parallelism, types in self._MODULE_TYPE_REGISTRY.items():\n"
+        "            if module_type in types:\n"
+        "                return parallelism\n"
+        '        if module_type == "TELinear":\n'
+        "            return module.parallel_mode\n"
+    )
+    literal = "{" + ", ".join(f"{k!r}: {{{', '.join(map(repr, sorted(v)))}}}" for k, v in TE_REGISTRY.items()) + "}"
+    bodies = {
+        "literal": f"    _MODULE_TYPE_REGISTRY: Dict[str, set] = {literal}\n",
+        "built": "    _MODULE_TYPE_REGISTRY = f()\n",
+    }
+    static = bridge.PATCHES[0].static
+    assert static is not None
+    trees = {}
+    for name, body in bodies.items():
+        path = tmp_path / name / bridge.FILE
+        path.parent.mkdir(parents=True)
+        path.write_text(f'class AutoMapping(Base):\n    _FUSED = "LayerNormColumnParallelLinear"\n{body}{method}')
+        trees[name] = UpstreamTree((tmp_path / name,), {"megatron-bridge": "9.9"})
+    assert bridge._static_known(trees["literal"]) == bridge.Known(
+        TE_REGISTRY, {"_FUSED": "LayerNormColumnParallelLinear"}
+    )
+    assert static.decide(trees["literal"]) == Verdict(
+        "apply", f"AutoMapping knows 1 ({bridge.FUSED}) of MindSpeed's 9 TE classes"
+    )
+    assert bridge._static_known(trees["built"]) is None and static.decide(trees["built"]).action == "unsupported"

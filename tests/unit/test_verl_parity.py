@@ -26,7 +26,7 @@ def _rows() -> list[list[str]]:
 
 def test_every_cited_patch_exists_and_every_site_is_accounted_for() -> None:
     rows = _rows()
-    assert [int(row[0]) for row in rows] == list(range(1, len(rows) + 1)) and len(rows) == 29
+    assert [int(row[0]) for row in rows] == list(range(1, len(rows) + 1)) and len(rows) == 30
     known = {patch.name for patch in catalog.builtin()}
     prefixes = tuple(f"{family}." for family in ("vllm", "ascend", "transformers", "liger", "tensordict"))
     prefixes += ("torch_npu.", "megatron.", "verl.")
@@ -43,3 +43,4 @@ def test_every_cited_patch_exists_and_every_site_is_accounted_for() -> None:
     assert {"transformers.qwen3_vl.deepstack_clone", "transformers.qwen3_vl_moe.deepstack_clone"} <= cited
     assert "ascend.dispatcher_expert_ids_sleep" in cited  # row 28: verl PR #7086
     assert "verl.hccl_broadcast_thread" in cited  # row 29: verl issue #7416, verl's own code
+    assert "megatron.bridge_mindspeed_te" in cited  # row 30: verl PR #7218, Megatron-Bridge with MindSpeed

@@ -74,6 +74,7 @@ FAMILIES: tuple[str, ...] = (
     "megatron_expert_bias_fp32",
     "megatron_layer_offset",
     "megatron_async_save_format",
+    "megatron_bridge_mindspeed_te",
     "verl_distillation_log_prob_floor",
     "verl_npu_version_probe",
     "verl_checkpoint_send_reoffload",

@@ -134,6 +134,9 @@ INDEX = (
     ('megatron_async_save_format', (
         ('megatron.async_save_format', ('megatron',), True, 'npu-stack', (), (('megatron.core.dist_checkpointing.strategies.filesystem_async', '_write_item', ()),)),
     )),
+    ('megatron_bridge_mindspeed_te', (
+        ('megatron.bridge_mindspeed_te', ('megatron_bridge', 'megatron'), False, 'npu-stack', (), (('megatron.bridge.models.conversion.param_mapping', 'AutoMapping._detect_parallelism_type', ()),)),
+    )),
     ('verl_distillation_log_prob_floor', (
         ('verl.distillation_log_prob_floor', ('verl', 'distillation'), True, 'npu-stack', (), (('verl.trainer.distillation.losses', 'compute_distillation_loss_reverse_kl_estimator', ()),)),
     )),
