@@ -113,7 +113,9 @@ def extract(artifact: Artifact, wanted: tuple[str, ...], cache: Path = CACHE) ->
         partial.write_bytes(data)
         os.replace(partial, path)  # a new file: a hard-linked copy of the cache keeps its own
     done.parent.mkdir(parents=True, exist_ok=True)
-    done.write_text("\n".join(sorted(extracted | set(wanted))) + "\n")
+    listed = done.with_name(".extracted.part")
+    listed.write_text("\n".join(sorted(extracted | set(wanted))) + "\n")
+    os.replace(listed, done)  # a new file too: a hard-linked copy of the cache never lists files it lacks
     return root
 
 
