@@ -246,7 +246,8 @@ def test_doctor_first_screen_summarises_and_lists_what_needs_attention(base_pyth
     for line, after in zip(full, [*full[1:], ""], strict=True):
         if line and not line.startswith(" "):
             cells = line.split()
-            rows[cells[0]] = cells[1:3] if len(cells) > 2 else [*cells[1:], after.strip()]
+            wrapped = after.strip().partition(" |")[0]  # the first target, the next variants after " | "
+            rows[cells[0]] = cells[1:3] if len(cells) > 2 else [*cells[1:], wrapped]
     for name, record in records.items():  # state, then the first target without its package path
         module, _, qualname = record["target"].split(" | ")[0].partition(":")
         shown = module if qualname == "__file__" else f"{module.rsplit('.', 1)[-1]}:{qualname}"  # a trigger: whole
