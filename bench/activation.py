@@ -37,7 +37,7 @@ from _bench import FIXTURE_SITE, clean_env, interleave, report, spawn_timed, sum
 ACTIVATE = """
 import sys, time, json
 t = time.perf_counter()
-from verl_npu_autopatch.engine import lifecycle as engine
+from verl_npu_autopatch import engine  # before 0.2 a module, now a package naming the same functions
 engine.activate("bench")
 dt = time.perf_counter() - t
 print(json.dumps([dt, engine.report().status, "wrapt" in sys.modules, "importlib.metadata" in sys.modules]))
@@ -45,7 +45,7 @@ print(json.dumps([dt, engine.report().status, "wrapt" in sys.modules, "importlib
 
 DECIDE = """
 import sys, time, json
-from verl_npu_autopatch.engine import lifecycle as engine
+from verl_npu_autopatch import engine  # before 0.2 a module, now a package naming the same functions
 t = time.perf_counter()
 engine.activate("bench")
 dt = time.perf_counter() - t
@@ -59,7 +59,7 @@ if UNHOOK:
 t = time.perf_counter()
 import vllm
 dt = time.perf_counter() - t
-engine = sys.modules.get("verl_npu_autopatch.engine.lifecycle")
+engine = sys.modules.get("verl_npu_autopatch.engine.lifecycle") or sys.modules.get("verl_npu_autopatch.engine")
 status = engine.report().status if engine is not None else "-"
 print(json.dumps([dt, status, "wrapt" in sys.modules, "importlib.metadata" in sys.modules]))
 """
