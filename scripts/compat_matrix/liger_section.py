@@ -112,7 +112,7 @@ LIGER = Section(
     intro=(
         "Which modeling-module names each `apply_liger_kernel_to_<family>` rebinds under each switch",
         "(read from the real `monkey_patch.py` with `ast`; instance patches for a passed `model` are",
-        "not listed), checked against `patches/liger.py` `LIGER_SWITCH`, the switch for which our",
+        "not listed), checked against `patches/liger_arbitration.py` `LIGER_SWITCH`, the switch for which our",
         "arbitration hands each kernel over (`rms_norm` → RMSNorm, `swiglu` → MLP and experts, `rope` →",
         "rotary). Proven by running: on liger-kernel 0.8.5 (the `hf` env, transformers 5.24.0)",
         "`tests/hf/test_table_matches_live_checks.py` calls every function with `rope`, `rms_norm` and",
