@@ -39,12 +39,18 @@ def cli(python: Path, *args: str, env: dict[str, str], path: str = "") -> subpro
 
 
 def test_malformed_entry_points_of_an_unrelated_distribution(tmp_path: Path, base_python: Path) -> None:
-    info = tmp_path / "broken_dist-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-dist\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[console_scripts]\nnot an entry point line\n")
+    # an unrelated distribution's entry points are never parsed; a plugin's malformed ones are its record
+    for name, group in (("broken_dist", "console_scripts"), ("unrelated_dist", "console_scripts")):
+        info = tmp_path / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[{group}]\nnot an entry point line\n")
+    (tmp_path / "broken_dist-1.0.dist-info" / "entry_points.txt").write_text(
+        "[verl_npu_autopatch.patches]\nnot an entry point line\n"
+    )
     forward, status, records = run_json(base_python, IMPORT, env={**NPU, "PYTHONPATH": str(tmp_path)})
     assert (forward, status, records["fixture.forward"][0]) == (12, "active", "applied")
+    assert "distribution:unrelated_dist" not in records
     state, reason = records["distribution:broken_dist"]
     assert state == "failed" and "reading the entry points of distribution broken_dist raised" in reason
     proc = cli(base_python, "status", env=NPU, path=str(tmp_path))

@@ -247,8 +247,9 @@ def plugins(disable: Iterable[str] = (), timeout: float | None = None) -> Catalo
 
 def _entry_points(found: Catalog[Patch]) -> list[tuple[str, list[Any]]]:
     """``(distribution, its entry points in our group)`` for each installed distribution, the first
-    of each name on the path (as ``importlib.metadata.entry_points`` picks them); one whose
-    metadata cannot be read is an error in ``found`` naming it."""
+    of each name on the path (as ``importlib.metadata.entry_points`` picks them); only a
+    distribution whose ``entry_points.txt`` names our group is parsed (about half the scan's time in
+    a vLLM process), and one whose metadata cannot be read is an error in ``found`` naming it."""
     from importlib.metadata import distributions
 
     seen: set[str] = set()
@@ -261,6 +262,9 @@ def _entry_points(found: Catalog[Patch]) -> list[tuple[str, list[Any]]]:
             if name in seen:
                 continue
             seen.add(name)
+            raw = dist.read_text("entry_points.txt")
+            if not raw or ENTRY_POINT_GROUP not in raw:  # no plugin of ours: its entry points stay unparsed
+                continue
             points = [point for point in dist.entry_points if point.group == ENTRY_POINT_GROUP]
         except Exception as exc:  # broken metadata of one distribution: its record, the others still load
             error = f"reading the entry points of distribution {text.safe_str(name)} raised {text.describe(exc)}"
