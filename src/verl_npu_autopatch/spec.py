@@ -1,21 +1,18 @@
 """Moved: ``verl_npu_autopatch.authoring.spec`` (or ``verl_npu_autopatch.authoring``, the whole kit).
 
-This path keeps working, with a ``DeprecationWarning``, for the 0.2 releases; it goes in 0.3.
+This path keeps working, with a ``DeprecationWarning``, for the 0.2 releases; it goes in 0.3: the
+import hands back the new module itself (``sys.modules``), so both names are one module object.
 """
 
+import sys
 import warnings
 
-from verl_npu_autopatch.authoring import spec as _moved
-from verl_npu_autopatch.authoring.spec import *  # noqa: F403
+from verl_npu_autopatch.authoring import spec
 
-__all__ = list(_moved.__all__)
 warnings.warn(
     "verl_npu_autopatch.spec moved to verl_npu_autopatch.authoring.spec"
     " (or import its names from verl_npu_autopatch.authoring)",
     DeprecationWarning,
     stacklevel=2,
 )
-
-
-def __getattr__(name: str) -> object:
-    return getattr(_moved, name)
+sys.modules[__name__] = spec

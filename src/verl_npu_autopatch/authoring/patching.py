@@ -153,10 +153,7 @@ def normalized_source(obj: Any) -> str | None:
         return None
     if isinstance(code, types.CodeType):  # one reading per function body: a check and its fix both read it
         return _code_source(code)
-    try:
-        return "".join(inspect.getsource(obj).split())
-    except (OSError, TypeError):  # no source (built-in, C extension, REPL): the caller says so
-        return None
+    return _inspected(obj)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -171,8 +168,13 @@ def _code_source(code: types.CodeType) -> str | None:
             return "".join("".join(inspect.getblock(lines[start:])).split())
         except Exception:  # tokenize gave up on the block: inspect's own reading decides below
             pass
+    return _inspected(code)
+
+
+def _inspected(obj: Any) -> str | None:
+    """``inspect.getsource(obj)`` without whitespace, or ``None`` when it has no source."""
     try:
-        return "".join(inspect.getsource(code).split())
+        return "".join(inspect.getsource(obj).split())
     except (OSError, TypeError):  # no source (built-in, C extension, REPL): the caller says so
         return None
 

@@ -102,8 +102,10 @@ class Engine:
         """The start-up observer this engine drives (a ``NullObserver`` but for the process's)."""
         return self._observer
 
-    def too_deep(self) -> bool:  # as deep in the stack as an activation that ran out of stack, or deeper
-        return self._out_of_stack_at is not None and stack_depth() >= self._out_of_stack_at
+    def too_deep(self, depth: int | None = None) -> bool:
+        """Whether ``depth`` (by default, this call's) is as deep as an activation that ran out of stack."""
+        failed_at = self._out_of_stack_at
+        return failed_at is not None and (stack_depth() if depth is None else depth) >= failed_at
 
     @property
     def records(self) -> dict[str, Record]:
@@ -123,8 +125,7 @@ class Engine:
         ``SystemExit``: re-raised) or out of stack (``RecursionError``; then tried again only
         from a shallower stack), it goes back to not activated (:meth:`_abandon`)."""
         depth = stack_depth()
-        failed_at = self._out_of_stack_at
-        if (failed_at is not None and depth >= failed_at) or not self._enter():  # too deep: see too_deep
+        if self.too_deep(depth) or not self._enter():
             return
         observer = self._observer
         try:
