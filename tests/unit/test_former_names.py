@@ -47,8 +47,8 @@ def test_the_former_patch_keywords_build_a_reach_with_a_warning() -> None:
 def test_site_engine_is_the_hand_over() -> None:
     handover = types.SimpleNamespace()
     site = Site(Patch("p.y", "s", (Target("m", "f"),), lambda s: lambda: None), Target("m", "f"), sys, sys, "f", None)
-    assert site.engine is None and Site(*vars(site).values())  # positional order unchanged
-    assert (site.__class__(**{**vars(site), "handover": handover})).engine is handover
+    assert site.engine is None and Site(*site) == site  # positional order unchanged
+    assert site._replace(handover=handover).engine is handover
 
 
 def test_no_built_in_family_uses_a_former_name() -> None:

@@ -11,16 +11,14 @@ from __future__ import annotations
 import ast
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from verl_npu_autopatch.authoring.patching import marked_by, normalized_source, parameter_names, signature_text
 from verl_npu_autopatch.authoring.spec import Verdict, unsupported
 
 
-@dataclass(frozen=True)
-class Code:
+class Code(NamedTuple):
     """One callable as a rule sees it: whitespace-free source, parameter names, our marker."""
 
     source: str | None
@@ -97,15 +95,12 @@ def _definitions(body: list[ast.stmt]) -> list[ast.AST]:
     return [node for node in body if isinstance(node, kinds) and not _overload(node)]
 
 
-@dataclass
 class ModuleSource:
     """One module's source text, parsed once."""
 
-    text: str
-    tree: ast.Module = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.tree = ast.parse(self.text)
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tree = ast.parse(text)
 
     def _top(self, name: str) -> ast.AST | None:
         for node in _definitions(self.tree.body):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from types import MappingProxyType, ModuleType
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from verl_npu_autopatch.authoring.handover import HandOver
@@ -35,8 +35,7 @@ Undo = Callable[[], None]
 Device = Literal["npu-stack", "npu-device", "any"]
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """One place a patch applies to: ``module:qualname``, optionally only for some versions.
 
     ``requires`` holds distribution specifiers (``"vllm>=0.24"``) that must hold for this variant
@@ -59,8 +58,7 @@ class Target:
         return f"{self.module}:{self.qualname}"
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """What a patch's ``check`` decided about the live target."""
 
     action: Literal["apply", "fixed-upstream", "unsupported"]
@@ -80,7 +78,6 @@ def unsupported(expected: str, found: str) -> Verdict:
     return Verdict("unsupported", f"expected {expected}; found {found}")
 
 
-@dataclass(frozen=True)
 class StaticRule:
     """A patch's decision on a release's source, read and never executed (``scripts/compat-matrix``).
 
@@ -92,22 +89,25 @@ class StaticRule:
     patch of megatron-core or torch_npu): the table decides each on that project's releases.
     """
 
-    decide: Callable[[Any], Verdict]
-    reads: tuple[str, ...]
-    note: Callable[[Any], str | None] | None = None
-    also: tuple[StaticRule, ...] = ()
+    __slots__ = ("also", "decide", "note", "reads")
+
+    def __init__(
+        self,
+        decide: Callable[[Any], Verdict],
+        reads: tuple[str, ...],
+        note: Callable[[Any], str | None] | None = None,
+        also: tuple[StaticRule, ...] = (),
+    ) -> None:
+        if not reads or any(not f.endswith(".py") or f.startswith("/") for f in reads):
+            raise ValueError(f"StaticRule.reads must name upstream .py files by relative path, got {reads!r}")
+        self.decide, self.reads, self.note, self.also = decide, reads, note, also
 
     def rules(self) -> tuple[StaticRule, ...]:
         """This rule, then every rule of ``also``."""
         return (self, *self.also)
 
-    def __post_init__(self) -> None:
-        if not self.reads or any(not f.endswith(".py") or f.startswith("/") for f in self.reads):
-            raise ValueError(f"StaticRule.reads must name upstream .py files by relative path, got {self.reads!r}")
 
-
-@dataclass(frozen=True)
-class ComputedSites:
+class ComputedSites(NamedTuple):
     """A family of further sites a fix changes, known only from the live module: ``find(module)``
     names them in ``module`` (the imported module called ``module``), each an attribute path
     (``"apply_liger_kernel_to_qwen3"``) or a dict entry (``"MODEL_TYPE_TO_APPLY_LIGER_FN[qwen3]"``);
@@ -121,8 +121,7 @@ class ComputedSites:
         return f"{self.module}:{self.pattern}"
 
 
-@dataclass(frozen=True)
-class Site:
+class Site(NamedTuple):
     """The live target a patch is about to check and fix.
 
     ``owner`` holds the attribute named ``attribute`` (a class or the module itself); ``value`` is
@@ -138,7 +137,7 @@ class Site:
     owner: Any
     attribute: str
     value: Any
-    versions: dict[str, str | None] = field(default_factory=dict)
+    versions: Mapping[str, str | None] = MappingProxyType({})
     handover: HandOver | None = None
 
     @property
@@ -147,7 +146,7 @@ class Site:
         return self.handover
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Reach:
     """Where a patch reaches beyond its targets: rare, each optional, each shown by ``status`` and
     docs/patches.md.
@@ -173,10 +172,28 @@ class Reach:
     stale_values: Callable[[], dict[Target, Any]] | None = None
     in_place: Callable[[Site], bool] | None = None
 
-    def __post_init__(self) -> None:
-        if self.stale_values is not None and not self.copies_in:
+    def __init__(
+        self,
+        triggers: tuple[Target, ...] = (),
+        secondary: tuple[Target, ...] = (),
+        computed: tuple[ComputedSites, ...] = (),
+        via: tuple[Target, ...] = (),
+        copies_in: tuple[str, ...] = (),
+        stale_values: Callable[[], dict[Target, Any]] | None = None,
+        in_place: Callable[[Site], bool] | None = None,
+    ) -> None:
+        # Written out, as Patch's is: a generated one costs every activation its compilation.
+        if stale_values is not None and not copies_in:
             raise ValueError("Reach.stale_values is declared for copies only (copies_in)")
+        values = (triggers, secondary, computed, via, copies_in, stale_values, in_place)
+        for key, value in zip(_REACH_FIELDS, values, strict=True):
+            object.__setattr__(self, key, value)
 
+
+_REACH_FIELDS = tuple(Reach.__dataclass_fields__)
+
+#: The empty reach: a patch that changes its targets alone.
+NO_REACH = Reach()
 
 #: The keyword arguments of ``Patch`` before 0.2, now fields of :class:`Reach` (accepted, with a
 #: ``DeprecationWarning``, for one release).
@@ -191,7 +208,7 @@ _FORMER = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, repr=False)
 class Patch:
     """A runtime fix and everything the engine needs to decide whether and where to apply it.
 
@@ -217,20 +234,46 @@ class Patch:
     default: bool = True
     yields_to: tuple[Callable[[Site], str | None], ...] = ()
     static: StaticRule | None = None
-    reach: Reach = Reach()
+    reach: Reach = NO_REACH
     defined_at: str = field(default="", compare=False)
 
-    def __post_init__(self) -> None:
-        if not self.name or " " in self.name:
-            raise ValueError(f"patch name must be a dotted word, got {self.name!r}")
-        if not self.targets:
-            raise ValueError(f"patch {self.name} has no targets")
-        if self.reach.copies_in and any("." in t.qualname for t in self.targets):
-            raise ValueError(f"patch {self.name}: copies are rebound for module-level targets only")
-        if self.device not in ("npu-stack", "npu-device", "any"):
-            raise ValueError(f"patch {self.name}: unknown device requirement {self.device!r}")
-        if not self.defined_at:
-            object.__setattr__(self, "defined_at", _maker())
+    def __init__(
+        self,
+        name: str,
+        summary: str,
+        targets: tuple[Target, ...],
+        fix: Callable[[Site], Undo],
+        check: Callable[[Site], Verdict] | None = None,
+        groups: tuple[str, ...] = (),
+        reference: str = "",
+        requires: tuple[str, ...] = (),
+        device: Device = "npu-stack",
+        default: bool = True,
+        yields_to: tuple[Callable[[Site], str | None], ...] = (),
+        static: StaticRule | None = None,
+        reach: Reach = NO_REACH,
+        defined_at: str = "",
+        **former: Any,
+    ) -> None:
+        # Written out: a generated ``__init__`` costs every activation its compilation (0.3 ms).
+        # ``former``: the keywords of before 0.2 (``_FORMER``), accepted with a warning for one release.
+        if former:
+            reach = _former_reach(former)
+        if not name or " " in name:
+            raise ValueError(f"patch name must be a dotted word, got {name!r}")
+        if not targets:
+            raise ValueError(f"patch {name} has no targets")
+        if reach.copies_in and any("." in t.qualname for t in targets):
+            raise ValueError(f"patch {name}: copies are rebound for module-level targets only")
+        if device not in ("npu-stack", "npu-device", "any"):
+            raise ValueError(f"patch {name}: unknown device requirement {device!r}")
+        made = defined_at or _maker()
+        values = (name, summary, targets, fix, check, groups, reference, requires, device, default, yields_to)
+        for key, value in zip(_PATCH_FIELDS, (*values, static, reach, made), strict=True):
+            object.__setattr__(self, key, value)
+
+    def __repr__(self) -> str:
+        return f"Patch({self.name!r})"
 
     @property
     def hooks(self) -> tuple[Target, ...]:
@@ -243,28 +286,25 @@ class Patch:
         return tuple(dict.fromkeys((*self.reach.triggers, *self.targets, *self.reach.secondary)))
 
 
-_made = Patch.__init__
+_PATCH_FIELDS = tuple(Patch.__dataclass_fields__)
 
 
-def _accept_former(self: Patch, *args: Any, **kwargs: Any) -> None:
-    """``Patch``'s constructor, also taking the keyword arguments of before 0.2 (``_FORMER``)."""
-    former = {key: kwargs.pop(key) for key in list(kwargs) if key in _FORMER}
-    if former:
-        import warnings
+def _former_reach(former: dict[str, Any]) -> Reach:
+    """The :class:`Reach` that ``Patch``'s keyword arguments of before 0.2 (``_FORMER``) declare."""
+    unknown = sorted(set(former) - set(_FORMER))
+    if unknown:
+        raise TypeError(f"Patch.__init__() got an unexpected keyword argument {unknown[0]!r}")
+    import warnings
 
-        moved = ", ".join(f"{key}= -> reach=Reach({_FORMER[key]}=...)" for key in former)
-        warnings.warn(f"Patch({moved}): the rare fields moved into Reach", DeprecationWarning, stacklevel=3)
-        kwargs["reach"] = Reach(**{_FORMER[key]: value for key, value in former.items()})
-    _made(self, *args, **kwargs)
-
-
-Patch.__init__ = _accept_former  # type: ignore[method-assign]
+    moved = ", ".join(f"{key}= -> reach=Reach({_FORMER[key]}=...)" for key in former)
+    warnings.warn(f"Patch({moved}): the rare fields moved into Reach", DeprecationWarning, stacklevel=3)
+    return Reach(**{_FORMER[key]: value for key, value in former.items()})
 
 
 def _maker() -> str:
     """``path.py:line`` of the code making a :class:`Patch` (the first frame outside this module
     and the ``patches/_*.py`` helpers), the path as deep as its module's dotted name."""
-    frame = sys._getframe(2)  # _maker <- __post_init__ <- the dataclass __init__
+    frame = sys._getframe(2)  # _maker <- Patch.__init__ <- its caller
     while frame.f_back is not None and _builder(frame.f_globals.get("__name__") or ""):
         frame = frame.f_back
     path = frame.f_code.co_filename.replace("\\", "/").split("/")

@@ -246,13 +246,11 @@ class AppliedFixes:
     # ----------------------------------------------------------------- hand-over
     def record(self, name: str) -> Record | None:
         """A copy of patch ``name``'s record as it stands, or ``None`` for an unknown name."""
-        from verl_npu_autopatch.engine.records import Record
-
         with self._slots.lock:
             slot = self._slots.get(name)
             if slot is None:
                 return None
-            return Record(**{**slot.record.__dict__, "versions": dict(slot.record.versions)})
+            return slot.record.copy()
 
     def note(self, name: str, text: str) -> None:
         """Add ``text`` to the reason of patch ``name`` while it is applied (e.g. why a target

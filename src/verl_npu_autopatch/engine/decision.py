@@ -9,7 +9,6 @@ It keeps no state and needs no wrapt; the engine records its :class:`Outcome` (s
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 
 from verl_npu_autopatch.authoring.patching import describe, marked_by
 from verl_npu_autopatch.authoring.spec import Site
@@ -30,14 +29,13 @@ __all__ = ["Outcome", "Plan", "first_failure", "initializing", "plan", "run"]
 
 
 # --------------------------------------------------------------------- before the target is imported
-@dataclass
 class Plan:
     """A patch's state before its target is imported, and the variants still in play."""
 
-    state: RecordState
-    reason: str
-    versions: dict[str, str | None]
-    variants: tuple[Target, ...]
+    def __init__(
+        self, state: RecordState, reason: str, versions: dict[str, str | None], variants: tuple[Target, ...]
+    ) -> None:
+        self.state, self.reason, self.versions, self.variants = state, reason, versions, variants
 
 
 def first_failure(
@@ -96,7 +94,6 @@ def plan(patch: Patch | Declared, config: Config, found: dict[str, bool] | None 
 # --------------------------------------------------------------------- when a target is imported
 
 
-@dataclass
 class Outcome:
     """What one pass of the pipeline decided.
 
@@ -107,14 +104,20 @@ class Outcome:
     ``stage`` and ``error``: the step that raised, for ``failed``.
     """
 
-    state: RecordState
-    reason: str = ""
-    target: Target | None = None
-    site: Site | None = None
-    undo: Undo | None = None
-    rejected: dict[Target, str] = field(default_factory=dict)
-    stage: str = ""
-    error: Exception | None = None
+    def __init__(
+        self,
+        state: RecordState,
+        reason: str = "",
+        target: Target | None = None,
+        site: Site | None = None,
+        undo: Undo | None = None,
+        rejected: dict[Target, str] | None = None,
+        stage: str = "",
+        error: Exception | None = None,
+    ) -> None:
+        self.state, self.reason, self.target, self.site, self.undo = state, reason, target, site, undo
+        self.rejected: dict[Target, str] = {} if rejected is None else rejected
+        self.stage, self.error = stage, error
 
 
 def run(

@@ -16,7 +16,6 @@ import inspect
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
 
@@ -64,23 +63,29 @@ RECHECKED_STATES: tuple[RecordState, ...] = ("applied", "superseded", "yielded")
 Checks = Literal["ours", "through", "reload"]
 
 
-@dataclass
 class Footprint:
     """What an applied patch left where: ``owner.attribute`` holding ``value`` on ``module`` (as
     executed under ``spec``; ``checks`` says what verification expects of it), the raw value
     of each enclosing callable it is reached through, and the value it left at each further
     declared site it changed (``also``, keyed ``module:path``: :func:`declared_values`)."""
 
-    target: Target
-    module: ModuleType
-    spec: Any
-    owner: Any
-    attribute: str
-    value: Any
-    reason: str
-    via: dict[Target, Any] = field(default_factory=dict)
-    checks: Checks = "ours"
-    also: dict[str, Any] = field(default_factory=dict)
+    def __init__(
+        self,
+        target: Target,
+        module: ModuleType,
+        spec: Any,
+        owner: Any,
+        attribute: str,
+        value: Any,
+        reason: str,
+        via: dict[Target, Any] | None = None,
+        checks: Checks = "ours",
+        also: dict[str, Any] | None = None,
+    ) -> None:
+        self.target, self.module, self.spec, self.owner, self.attribute = target, module, spec, owner, attribute
+        self.value, self.reason, self.checks = value, reason, checks
+        self.via: dict[Target, Any] = {} if via is None else via
+        self.also: dict[str, Any] = {} if also is None else also
 
 
 def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
