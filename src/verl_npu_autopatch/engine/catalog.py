@@ -11,6 +11,7 @@ The index is generated from the families and checked by ``tests/unit/test_catalo
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Iterable
@@ -18,7 +19,7 @@ from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 from verl_npu_autopatch.authoring.spec import Patch, Target
-from verl_npu_autopatch.engine import text
+from verl_npu_autopatch.engine import environment, text
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -247,23 +248,21 @@ def plugins(disable: Iterable[str] = (), timeout: float | None = None) -> Catalo
 
 def _entry_points(found: Catalog[Patch]) -> list[tuple[str, list[Any]]]:
     """``(distribution, its entry points in our group)`` for each installed distribution, the first
-    of each name on the path (as ``importlib.metadata.entry_points`` picks them); only a
-    distribution whose ``entry_points.txt`` names our group is parsed (about half the scan's time in
-    a vLLM process), and one whose metadata cannot be read is an error in ``found`` naming it."""
-    from importlib.metadata import distributions
-
+    of each name on the path (as ``importlib.metadata.entry_points`` picks them). Only a
+    distribution whose ``entry_points.txt`` names our group is parsed, and one whose entry points
+    cannot be read is an error in ``found`` naming it."""
     seen: set[str] = set()
     listed = []
-    for dist in distributions():
-        name = "?"
+    for named, dist in _distributions():
+        name = named or "?"
         try:
-            # the name from the path, as entry_points() reads it (no METADATA read), else METADATA's
-            name = getattr(dist, "_normalized_name", None) or dist.metadata["Name"] or "?"
-            if name in seen:
+            # in an archive: the name from the path, as entry_points() reads it, else METADATA's
+            name = named or getattr(dist, "_normalized_name", None) or dist.metadata["Name"] or "?"
+            if name in seen or dist is None:  # a later copy of a name, or no entry point of ours
+                seen.add(name)
                 continue
             seen.add(name)
-            raw = dist.read_text("entry_points.txt")
-            if not raw or ENTRY_POINT_GROUP not in raw:  # no plugin of ours: its entry points stay unparsed
+            if named is None and ENTRY_POINT_GROUP not in (dist.read_text("entry_points.txt") or ""):
                 continue
             points = [point for point in dist.entry_points if point.group == ENTRY_POINT_GROUP]
         except Exception as exc:  # broken metadata of one distribution: its record, the others still load
@@ -273,6 +272,27 @@ def _entry_points(found: Catalog[Patch]) -> list[tuple[str, list[Any]]]:
         if points:
             listed.append((name, points))
     return listed
+
+
+def _distributions() -> Iterable[tuple[str | None, Any]]:
+    """``(normalized name, distribution)`` of each distribution on ``sys.path``. One in a folder
+    (``environment.metadata_folders``) is ``None`` unless its ``entry_points.txt``
+    names our group (one ``open`` each); those in archives on the path come after the folders' ones,
+    as ``(None, distribution)``, left to ``importlib.metadata``."""
+    from importlib.metadata import PathDistribution, distributions
+    from pathlib import Path
+
+    group = ENTRY_POINT_GROUP.encode()
+    folders, archives = environment.metadata_folders()
+    for name, folder in folders.items():
+        try:
+            with open(os.path.join(folder, "entry_points.txt"), "rb") as file:
+                ours = group in file.read()
+        except OSError:  # no entry_points.txt (most distributions), or one importlib could not read
+            ours = False
+        yield name, (PathDistribution(Path(folder)) if ours else None)
+    for entry in archives:
+        yield from ((None, dist) for dist in distributions(path=[entry]))
 
 
 def _load(point: Any, timeout: float | None) -> list[Patch]:
