@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.ascend import doubles, streams
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import _side_stream
 from verl_npu_autopatch.patches import ascend_310p_sampler_record_stream as family
 
@@ -86,6 +86,13 @@ def load_sampler(root, path=None) -> types.ModuleType:
     return upstream.load_subset(path, NAME, {}, functions, namespace)
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    RELEASES,
+    sites={label: {f"{NAME}:_random_sample_310p"} for label in ("0.18.0", "0.25.1rc1", "0.30.0rc2")},
+    param=True,
+)
 @pytest.fixture
 def sampler_310p(request, releases, npu, monkeypatch) -> Iterator[types.ModuleType]:
     streams.install(monkeypatch)

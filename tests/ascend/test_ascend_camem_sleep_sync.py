@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_camem_sleep_sync
 
 NAME = "vllm_ascend.device_allocator.camem"
@@ -28,14 +28,16 @@ def load_camem(root) -> Iterator[ModuleType]:
         yield module
 
 
+@release_loaders.loads(
+    ascend_camem_sleep_sync,
+    "vllm-ascend",
+    ("0.23.0", "0.30.0rc2"),
+    sites={"0.23.0": {f"{NAME}:CaMemAllocator.sleep"}},
+    param=True,
+)
 @pytest.fixture
-def camem_023(releases, npu) -> Iterator[ModuleType]:
-    yield from load_camem(releases["0.23.0"][0])
-
-
-@pytest.fixture
-def camem_030(releases, npu) -> Iterator[ModuleType]:
-    yield from load_camem(releases["0.30.0rc2"][0])
+def camem(request, releases, npu) -> Iterator[ModuleType]:
+    yield from load_camem(releases[request.param][0])
 
 
 def sleep_events(module: ModuleType) -> list[str]:
@@ -47,34 +49,38 @@ def sleep_events(module: ModuleType) -> list[str]:
     return doubles.names()
 
 
-def test_release_0_23_releases_memory_without_synchronizing_first(camem_023):
-    assert sleep_events(camem_023)[:2] == ["unmap_and_release", "unmap_and_release"]
-    assert "torch.npu.synchronize" not in sleep_events(camem_023)
+@pytest.mark.parametrize("camem", ["0.23.0"], indirect=True)
+def test_release_0_23_releases_memory_without_synchronizing_first(camem):
+    assert sleep_events(camem)[:2] == ["unmap_and_release", "unmap_and_release"]
+    assert "torch.npu.synchronize" not in sleep_events(camem)
 
 
-def test_patched_sleep_synchronizes_before_unmapping(camem_023):
+@pytest.mark.parametrize("camem", ["0.23.0"], indirect=True)
+def test_patched_sleep_synchronizes_before_unmapping(camem):
     engine = upstream.run_engine(ascend_camem_sleep_sync.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
     assert engine.report()["ascend.camem_sleep_sync"].state == "applied"
-    events = sleep_events(camem_023)
+    events = sleep_events(camem)
     assert events[0] == "torch.npu.synchronize"
     assert events.count("unmap_and_release") == 2  # the release's own sleep still ran in full
     assert events[-1] == "torch.npu.empty_cache"
     assert engine.revert() == ["ascend.camem_sleep_sync"]
-    assert "torch.npu.synchronize" not in sleep_events(camem_023)
+    assert "torch.npu.synchronize" not in sleep_events(camem)
 
 
-def test_release_0_30_is_fixed_upstream(camem_030):
-    original = camem_030.CaMemAllocator.__dict__["sleep"]
+@pytest.mark.parametrize("camem", ["0.30.0rc2"], indirect=True)
+def test_release_0_30_is_fixed_upstream(camem):
+    original = camem.CaMemAllocator.__dict__["sleep"]
     engine = upstream.run_engine(ascend_camem_sleep_sync.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
     record = engine.report()["ascend.camem_sleep_sync"]
     assert record.state == "fixed-upstream"
     assert "synchronize" in record.reason
-    assert camem_030.CaMemAllocator.__dict__["sleep"] is original
-    events = sleep_events(camem_030)
+    assert camem.CaMemAllocator.__dict__["sleep"] is original
+    events = sleep_events(camem)
     assert events.index("torch.npu.synchronize") < events.index("unmap_and_release")
 
 
-def test_opt_in_off_by_default(camem_023):
+@pytest.mark.parametrize("camem", ["0.23.0"], indirect=True)
+def test_opt_in_off_by_default(camem):
     engine = upstream.run_engine(ascend_camem_sleep_sync.PATCHES)
     assert engine.report()["ascend.camem_sleep_sync"].state == "disabled"
-    assert "torch.npu.synchronize" not in sleep_events(camem_023)
+    assert "torch.npu.synchronize" not in sleep_events(camem)

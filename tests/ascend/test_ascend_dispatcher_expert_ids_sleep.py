@@ -28,13 +28,14 @@ import pytest
 import torch
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_dispatcher_expert_ids_sleep as family
 
 STATE = "ascend.dispatcher_expert_ids_sleep"
 GROUP = "sleep_level2"
 WORKER = "vllm_ascend.worker.worker"
 PACKAGES = ("vllm_ascend.device_allocator", "vllm_ascend.ops", "vllm_ascend.ops.fused_moe", "vllm_ascend.worker")
+RELEASES = ("0.23.0.post1", "0.26.0rc1")
 #: 8 experts over 2 EP ranks: rank 1 holds experts 4..7 (local 0..3).
 EXPERTS, EP_SIZE, EP_RANK = 8, 2, 1
 TOPK_IDS = torch.tensor([[4, 5], [6, 7], [1, 5]])
@@ -107,6 +108,16 @@ def load_worker(root: Path, allocator_class: type) -> types.ModuleType:
     )
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    RELEASES,
+    sites={
+        label: {f"{family.DISPATCHER}:TokenDispatcherWithAll2AllV.__init__", f"{family.CAMEM}:CaMemAllocator.wake_up"}
+        for label in RELEASES
+    },
+    param=True,
+)
 @pytest.fixture
 def dispatching(request, releases, npu, monkeypatch) -> Iterator[types.SimpleNamespace]:
     root = releases[request.param][0]
@@ -158,9 +169,6 @@ def level_2_cycle(worker: Any) -> None:
     worker.sleep(2)
     worker.wake_up(["weights"])
     worker.wake_up(["kv_cache"])
-
-
-RELEASES = ("0.23.0.post1", "0.26.0rc1")
 
 
 @pytest.mark.parametrize("dispatching", RELEASES, indirect=True)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_dsv4_dummy_tid2eid as family
 
 STATE = "ascend.dsv4_dummy_tid2eid"
@@ -63,6 +63,13 @@ def load_moe(path, name: str) -> types.ModuleType:
     return upstream.load_subset(path, name, {"DeepseekV4MoE": ("__init__",)}, (), namespace)
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    tuple(RELEASES),
+    sites={label: {f"{RELEASES[label]}:{family.METHOD}"} for label in ("0.23.0.post1", "0.27.1rc1")},
+    param=True,
+)
 @pytest.fixture
 def dsv4_moe(request, releases, npu) -> Iterator[types.ModuleType]:
     name = RELEASES[request.param]

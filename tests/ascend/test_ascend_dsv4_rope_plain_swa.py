@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_dsv4_rope_plain_swa as family
 
 STATE = "ascend.dsv4_rope_plain_swa"
@@ -48,6 +48,13 @@ def load_rope(root) -> types.ModuleType:
     return module
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    RELEASES,
+    sites={label: {f"{family.MODULE}:{family.METHOD}"} for label in ("0.23.0", "0.30.0rc2")},
+    param=True,
+)
 @pytest.fixture
 def rope(request, releases, npu) -> Iterator[types.ModuleType]:
     module = load_rope(releases[request.param][0])

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_fused_moe_copies as family
 
 NAME = "ascend.fused_moe_copies"
@@ -71,6 +71,16 @@ def _fused_moe_package(monkeypatch: pytest.MonkeyPatch) -> dict[str, types.Modul
     return {family.PACKAGE: package, layer.__name__: layer}
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    ("0.23.0", "0.23.0.post1", *APPLIES),
+    sites={
+        "0.24.0rc1": {f"{model}:{name}" for model in MODELS for name in family.NAMES},
+        "0.26.0rc1": {f"{model}:{family.NAMES[0]}" for model in MODELS},
+    },
+    param=True,
+)
 @pytest.fixture
 def moe(
     request: pytest.FixtureRequest, releases: dict, npu: None, monkeypatch: pytest.MonkeyPatch

@@ -18,12 +18,14 @@ import pytest
 import torch
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_gate_fp32_in_place
 
 NAME = ascend_gate_fp32_in_place.LINEAR
 STATE = "ascend.gate_fp32_in_place"
 REBINDING = ("0.23.0", "0.23.0.post1", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1")
+#: The releases whose files hold the method (older ones: ``unsupported`` in the table, no file to load).
+RELEASES = ("0.23.0", "0.24.0rc1", "0.25.1rc1", "0.26.0rc1", "0.27.1rc1", "0.28.0rc1", "0.29.0rc1", "0.30.0rc2")
 KEEP_ND = ("_should_keep_nd_for_310p_weight", "_should_keep_nd_for_compatibility_weight")
 
 
@@ -58,6 +60,13 @@ def load_linear(root) -> types.ModuleType:
     return module
 
 
+@release_loaders.loads(
+    ascend_gate_fp32_in_place,
+    "vllm-ascend",
+    RELEASES,
+    sites={label: {f"{NAME}:{ascend_gate_fp32_in_place.METHOD}"} for label in ("0.23.0", "0.27.1rc1")},
+    param=True,
+)
 @pytest.fixture
 def linear(request, releases, npu) -> Iterator[types.ModuleType]:
     module = load_linear(releases[request.param][0])

@@ -23,7 +23,7 @@ import pytest
 from vllm.v1.request import RequestStatus
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_mooncake_aborted_receive as family
 
 NAME = family.MODULE
@@ -33,6 +33,8 @@ PATH = "vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py"
 NO_EMPTY_RECEIVE = ("0.23.0", "0.23.0.post1", "0.24.0rc1", "0.25.1rc1")
 EMPTY_RECEIVE = ("0.26.0rc1", "0.27.1rc1", "0.30.0rc2")
 ALL = NO_EMPTY_RECEIVE + EMPTY_RECEIVE
+#: Every release with the connector: before 0.23.0 too.
+RELEASES = ("0.18.0", "0.21.0rc1", *ALL)
 PARENTS = (
     "vllm_ascend.distributed",
     "vllm_ascend.distributed.kv_transfer",
@@ -61,6 +63,13 @@ def installed(module: types.ModuleType) -> ContextManager[None]:
     return doubles.modules({**stubs, NAME: module})
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    RELEASES,
+    sites={label: {f"{NAME}:MooncakeConnectorScheduler.request_finished"} for label in ("0.23.0", "0.30.0rc2")},
+    param=True,
+)
 @pytest.fixture
 def connector(request, releases, npu) -> Iterator[types.ModuleType]:
     module = load_connector(releases[request.param][0])

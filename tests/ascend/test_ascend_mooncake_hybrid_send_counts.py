@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from tests.ascend.test_ascend_mooncake_aborted_receive import PATH, installed
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_mooncake_hybrid_send_counts as family
 
 STATE = "ascend.mooncake_hybrid_send_counts"
@@ -92,6 +92,16 @@ def load_connector(root) -> types.ModuleType:
     return upstream.load_subset(root / PATH, family.MODULE, classes, ("string_to_int64_hash",), namespace)
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    ("0.18.0", *RELEASES),
+    sites={
+        label: {f"{family.MODULE}:{family.WORKER}.start_load_kv", f"{family.MODULE}:KVCacheRecvingThread.add_request"}
+        for label in ("0.21.0rc1", "0.30.0rc2")
+    },
+    param=True,
+)
 @pytest.fixture
 def hybrid(request, releases, npu) -> Iterator[types.ModuleType]:
     module = load_connector(releases[request.param][0])

@@ -24,7 +24,7 @@ import pytest
 
 from tests.ascend import doubles
 from tests.ascend.test_ascend_mooncake_hybrid_send_counts import RELEASES as HYBRID_RELEASES
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_mooncake_sleep_reregister as family
 
 STATE = "ascend.mooncake_sleep_reregister"
@@ -93,6 +93,20 @@ def load_worker(root, pool: Pool) -> types.ModuleType:
     return upstream.load_subset(root / WORKER_PATH, family.WORKER, {"NPUWorker": ("sleep", "wake_up")}, (), namespace)
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    RELEASES,
+    sites={
+        label: {
+            f"{family.WORKER}:NPUWorker.sleep",
+            f"{family.WORKER}:NPUWorker.wake_up",
+            f"{family.ENGINE}:GlobalTE.register_buffer",
+        }
+        for label in ("0.18.0", "0.30.0rc2")
+    },
+    param=True,
+)
 @pytest.fixture
 def sleeping(request, releases, npu) -> Iterator[types.SimpleNamespace]:
     """The release's worker and transfer-engine modules in ``sys.modules``, with the pool they share."""

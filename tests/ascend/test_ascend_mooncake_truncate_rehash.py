@@ -21,7 +21,7 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.request import Request
 
 from tests.ascend.test_ascend_mooncake_aborted_receive import PATH, installed
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_mooncake_truncate_rehash as family
 
 NAME = family.MODULE
@@ -36,6 +36,15 @@ def load_connector(root) -> types.ModuleType:
     return upstream.load_subset(root / PATH, NAME, classes, (), {"Any": Any})
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    RELEASES,
+    sites={
+        label: {f"{NAME}:MooncakeConnectorScheduler._truncate_request_for_prefill"} for label in ("0.23.0", "0.30.0rc2")
+    },
+    param=True,
+)
 @pytest.fixture
 def truncating(request, releases, npu) -> Iterator[types.ModuleType]:
     module = load_connector(releases[request.param][0])

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_mxfp8_reload_in_place as family
 
 STATE = "ascend.mxfp8_reload_in_place"
@@ -36,6 +36,13 @@ AFFECTED = ("0.23.0", "0.24.0rc1", "0.25.1rc1")
 N, K, G = 4, 128, 4
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    RELEASES,
+    sites={label: {f"{family.MXFP8}:{family.METHOD}"} for label in ("0.23.0", "0.25.1rc1")},
+    param=True,
+)
 @pytest.fixture
 def mxfp8(request: pytest.FixtureRequest, releases: dict, npu: None) -> Iterator[types.SimpleNamespace]:
     """The release's MXFP8 linear method in ``sys.modules`` (under stand-in packages)."""

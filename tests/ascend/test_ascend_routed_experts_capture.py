@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.engine import environment
 from verl_npu_autopatch.patches import ascend_routed_experts_capture
 
@@ -58,6 +58,13 @@ def stand_in(root: Path, version: str, tmp_path: Path, monkeypatch: pytest.Monke
         capturer.capture = capture_before
 
 
+@release_loaders.loads(
+    ascend_routed_experts_capture,
+    "vllm-ascend",
+    ("0.23.0",),
+    sites={"0.23.0": {f"{ascend_routed_experts_capture.CAPTURER}:RoutedExpertsCapturer.capture"}},
+    param=True,
+)
 @pytest.fixture
 def release(request, releases, npu, tmp_path, monkeypatch) -> Iterator[Path]:
     """Make vllm-ascend ``request.param`` look installed; yield its source root. The version

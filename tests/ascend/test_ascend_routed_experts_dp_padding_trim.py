@@ -21,7 +21,7 @@ import torch
 
 from tests.ascend import doubles
 from tests.ascend.test_ascend_routed_experts_capture import stand_in
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from tests.support.contract import QuietHandOver
 from verl_npu_autopatch.authoring.fingerprints import imports_module_unconditionally
 from verl_npu_autopatch.authoring.spec import Site
@@ -39,6 +39,13 @@ def forward_context() -> types.SimpleNamespace:
     return FORWARD
 
 
+@release_loaders.loads(
+    ascend_routed_experts_dp_padding_trim,
+    "vllm-ascend",
+    ("0.23.0", "0.30.0rc2"),
+    sites={label: {f"{CAPTURER}:RoutedExpertsCapturer.capture"} for label in ("0.23.0", "0.30.0rc2")},
+    param=True,
+)
 @pytest.fixture
 def paired(request, releases, npu, tmp_path, monkeypatch) -> Iterator[types.ModuleType]:
     """vllm-ascend ``request.param`` installed over its paired vLLM's capturer module; yields that

@@ -17,13 +17,15 @@ import pytest
 import torch
 
 from tests.ascend import doubles, streams
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_sampler_record_stream
 
 NAME = ascend_sampler_record_stream.SAMPLER
 STATE = "ascend.sampler_record_stream"
 MISSING = ("0.23.0", "0.23.0.post1", "0.24.0rc1", "0.25.1rc1")
 FIXED = ("0.26.0rc1", "0.30.0rc2")
+#: The releases whose files hold the sampler (older ones: ``unsupported`` in the table, no file to load).
+RELEASES = ("0.21.0rc1", *MISSING, "0.26.0rc1", "0.27.1rc1", "0.30.0rc2")
 
 
 def load_sampler(root) -> types.ModuleType:
@@ -43,6 +45,16 @@ def load_sampler(root) -> types.ModuleType:
     )
 
 
+SITES = {f"{NAME}:random_sample"}
+
+
+@release_loaders.loads(
+    ascend_sampler_record_stream,
+    "vllm-ascend",
+    RELEASES,
+    sites=dict.fromkeys(("0.23.0", "0.25.1rc1"), SITES),
+    param=True,
+)
 @pytest.fixture
 def sampler(request, releases, npu, monkeypatch) -> Iterator[types.ModuleType]:
     streams.install(monkeypatch)

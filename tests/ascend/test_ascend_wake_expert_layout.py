@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import ascend_wake_expert_layout as family
 
 STATE = "ascend.wake_expert_layout"
@@ -62,6 +62,13 @@ def load_worker(root: Any, allocator: Allocator) -> types.ModuleType:
     return upstream.load_subset(path, family.WORKER, {"NPUWorker": ("wake_up",)}, (), namespace)
 
 
+@release_loaders.loads(
+    family,
+    "vllm-ascend",
+    RELEASES,
+    sites={label: {f"{family.WORKER}:NPUWorker.wake_up"} for label in ("0.13.0", "0.25.1rc1")},
+    param=True,
+)
 @pytest.fixture
 def waking(request: pytest.FixtureRequest, releases: dict, npu: None) -> Iterator[types.SimpleNamespace]:
     """The release's worker module in ``sys.modules`` (under stand-in packages) and its allocator."""

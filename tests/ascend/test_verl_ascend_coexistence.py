@@ -27,10 +27,11 @@ from tests.ascend.test_ascend_camem_sleep_sync import load_camem, sleep_events
 from tests.ascend.test_rms_norm import EPS, HIDDEN, make_layer, reference_rms_norm
 from tests.ascend.test_sfa import HEAD_DIM, N_HEAD, build_sfa, make_impl, run_indexer
 from tests.ascend.test_vllm_engine_partial_wake_up import make_engine_core
-from tests.support import upstream, verl_upstream
+from tests.support import release_loaders, upstream, verl_upstream
 from verl_npu_autopatch.authoring.patching import MARKER
 from verl_npu_autopatch.patches import ascend_camem_sleep_sync, ascend_glm52, vllm_engine_partial_wake_up
 from verl_npu_autopatch.patches._verl import GLM52_MARKER, verl_owned
+from verl_npu_autopatch.patches.ascend_glm52.rules import LAYERNORM, SFA
 
 GLM = {"VERL_VLLM_ASCEND_GLM52_PATCH": "1"}  # verl's switch, which our configuration honours too
 ORDERS = ["ours-first", "verl-first"]
@@ -75,11 +76,21 @@ def verl(verl_root: Path, npu: None) -> Iterator[types.ModuleType]:
 GLM_PATCHES = list(ascend_glm52.PATCHES)
 
 
+#: The sites each GLM-5.2 fix changes on vllm-ascend 0.23.0.
+GLM_SITES = {
+    "ascend.rms_norm_residual": {f"{LAYERNORM}:AscendRMSNorm.forward_oot"},
+    "ascend.sfa_keep_kv_b_proj": {f"{SFA}:AscendSFAImpl.process_weights_after_loading", f"{SFA}:dispose_layer"},
+    "ascend.sfa_indexer_scale": {f"{SFA}:DeviceOperator.indexer_select_post_process"},
+}
+
+
+@release_loaders.loads(ascend_glm52, "vllm-ascend", ("0.23.0",), sites={"0.23.0": GLM_SITES}, param=True)
 @pytest.fixture
-def glm(releases: Any, npu: None) -> Iterator[types.SimpleNamespace]:
-    """vllm-ascend 0.23.0's ``sfa_v1`` (its functions) and ``ops/layernorm.py`` (the whole file)."""
+def glm(request: pytest.FixtureRequest, releases: Any, npu: None) -> Iterator[types.SimpleNamespace]:
+    """vllm-ascend's ``sfa_v1`` (its functions) and ``ops/layernorm.py`` (the whole file), of release
+    ``request.param`` (0.23.0 when not parametrized)."""
     doubles.register_maybe_chunk_residual()
-    root = releases["0.23.0"][0]
+    root = releases[getattr(request, "param", "0.23.0")][0]
     sfa = build_sfa(root)
     with contextlib.contextmanager(doubles.load_layernorm)(root) as layernorm:
         modules = {"vllm_ascend.attention.sfa_v1": sfa, "vllm_ascend.ops.layernorm": layernorm}

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.authoring.fingerprints import Code
 from verl_npu_autopatch.engine.lifecycle import PatchError
 from verl_npu_autopatch.patches import vllm_engine_partial_wake_up
@@ -59,9 +59,17 @@ def load_core(root) -> types.ModuleType:
     )
 
 
+@release_loaders.loads(
+    vllm_engine_partial_wake_up,
+    "vllm-ascend",
+    ("0.23.0",),
+    sites={"0.23.0": {f"{NAME}:EngineCore.wake_up", f"{NAME}:DPEngineCoreProc.execute_dummy_batch"}},
+    param=True,
+)
 @pytest.fixture
-def core_023(releases) -> Iterator[types.ModuleType]:
-    module = load_core(releases["0.23.0"][1])
+def engine_core(request, releases) -> Iterator[types.ModuleType]:
+    """The EngineCore methods of the vLLM paired with vllm-ascend release ``request.param``."""
+    module = load_core(releases[request.param][1])
     with doubles.modules({NAME: module}):
         yield module
 
@@ -86,18 +94,20 @@ def test_installed_vllm_has_the_fix_upstream():
     assert "execute_dummy_batch" not in core.DPEngineCoreProc.__dict__
 
 
-def test_release_0_23_resumes_scheduling_after_a_partial_wake_up(core_023):
-    core = make_engine_core(core_023)
+@pytest.mark.parametrize("engine_core", ["0.23.0"], indirect=True)
+def test_release_0_23_resumes_scheduling_after_a_partial_wake_up(engine_core):
+    core = make_engine_core(engine_core)
     core.wake_up(["weights"])
     assert "resume" in core.model_executor.calls  # the bug: KV cache still released
     core.execute_dummy_batch()
     assert "dummy" in core.model_executor.calls
 
 
-def test_patched_wake_up_waits_for_full_wake(core_023):
+@pytest.mark.parametrize("engine_core", ["0.23.0"], indirect=True)
+def test_patched_wake_up_waits_for_full_wake(engine_core):
     engine = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES, VERL_VLLM_ASCEND_GLM52_PATCH="yes")
     assert engine.report()[STATE].state == "applied"
-    core = make_engine_core(core_023)
+    core = make_engine_core(engine_core)
     executor = core.model_executor
 
     core.wake_up(["weights", "scheduling"])
@@ -112,24 +122,27 @@ def test_patched_wake_up_waits_for_full_wake(core_023):
     assert executor.calls[-2:] == ["dummy", "resume"]
 
 
-def test_patch_is_idempotent_and_revertible(core_023):
-    wake_up = core_023.EngineCore.__dict__["wake_up"]
+@pytest.mark.parametrize("engine_core", ["0.23.0"], indirect=True)
+def test_patch_is_idempotent_and_revertible(engine_core):
+    wake_up = engine_core.EngineCore.__dict__["wake_up"]
     first = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
-    patched = core_023.EngineCore.__dict__["wake_up"], core_023.DPEngineCoreProc.__dict__["execute_dummy_batch"]
+    patched = engine_core.EngineCore.__dict__["wake_up"], engine_core.DPEngineCoreProc.__dict__["execute_dummy_batch"]
     second = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES, VERL_NPU_AUTOPATCH_ENABLE="glm52")
     assert second.report()[STATE].state == "applied"
-    assert (core_023.EngineCore.__dict__["wake_up"], core_023.DPEngineCoreProc.__dict__["execute_dummy_batch"]) == (
-        patched
-    )
+    assert (
+        engine_core.EngineCore.__dict__["wake_up"],
+        engine_core.DPEngineCoreProc.__dict__["execute_dummy_batch"],
+    ) == (patched)
     assert first.revert() == [STATE]
-    assert core_023.EngineCore.__dict__["wake_up"] is wake_up
-    assert "execute_dummy_batch" not in core_023.DPEngineCoreProc.__dict__  # inherited again
+    assert engine_core.EngineCore.__dict__["wake_up"] is wake_up
+    assert "execute_dummy_batch" not in engine_core.DPEngineCoreProc.__dict__  # inherited again
 
 
-def test_off_by_default(core_023):
+@pytest.mark.parametrize("engine_core", ["0.23.0"], indirect=True)
+def test_off_by_default(engine_core):
     engine = upstream.run_engine(vllm_engine_partial_wake_up.PATCHES)
     assert engine.report()[STATE].state == "disabled"
-    core = make_engine_core(core_023)
+    core = make_engine_core(engine_core)
     core.wake_up(["weights"])
     assert "resume" in core.model_executor.calls
 

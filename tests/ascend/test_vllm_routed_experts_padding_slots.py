@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.ascend import doubles
-from tests.support import upstream
+from tests.support import release_loaders, upstream
 from verl_npu_autopatch.patches import vllm_routed_experts_padding_slots
 
 NAME = vllm_routed_experts_padding_slots.CAPTURER
@@ -40,6 +40,13 @@ def load_manager(root) -> types.ModuleType:
     )
 
 
+@release_loaders.loads(
+    vllm_routed_experts_padding_slots,
+    "vllm-ascend",
+    AFFECTED,
+    sites={label: {f"{NAME}:{vllm_routed_experts_padding_slots.METHOD}"} for label in ("0.23.0", "0.30.0rc2")},
+    param=True,
+)
 @pytest.fixture
 def capturer(request, releases) -> Iterator[types.ModuleType]:
     module = load_manager(releases[request.param][1])

@@ -35,15 +35,18 @@ def test_every_release_loaded_is_a_column_of_the_table() -> None:
     assert CASES and {(loader.project, release) for _, loader, release in CASES} <= columns
 
 
-@pytest.mark.parametrize(("patch", "loader", "release"), CASES, ids=release_loaders.ids)
-def test_the_live_decision_equals_the_table_cell(
+def equals_the_table_cell(
     request: pytest.FixtureRequest, patch: Patch, loader: release_loaders.Loader, release: str
 ) -> None:
-    request.getfixturevalue(loader.fixture)(release)
+    """The live decision on the loaded release is the static rule's cell on its files."""
     assert patch.static is not None and loader.project is not None
     cell = patch.static.decide(UpstreamTree((release_root(loader.project, release),), {loader.project: release}))
     (live,) = contract.live_patches([patch])
     assert contract.check_contract(live).state == STATES[cell.action], cell.reason
+
+
+# One test per loader: test_the_live_decision_equals_the_table_cell_on_<fixture>[<patch>-<release>].
+globals().update(release_loaders.tests("test_the_live_decision_equals_the_table_cell_on", equals_the_table_cell, CASES))
 
 
 #: The installed torch's release (``2.13.0+cpu`` → ``2.13.0``): a column of torch's section.

@@ -35,15 +35,10 @@ def test_tensordict_sync_is_live_and_applies_on_tensordict_0_9_1() -> None:
     assert [(p.name, contract.check_contract(p).state) for p in LIVE] == [("tensordict.npu_sync", "applied")]
 
 
-@pytest.mark.parametrize(("patch", "loader", "release"), CASES, ids=release_loaders.ids)
-def test_the_patch_keeps_its_contract_on_each_release_its_loader_loads(
-    request: pytest.FixtureRequest, patch: Patch, loader: release_loaders.Loader, release: str
-) -> None:
-    request.getfixturevalue(loader.fixture)(release)
-    (live,) = contract.live_patches([patch])
-    finding = contract.check_contract(live)
-    if release in loader.sites:
-        assert (finding.state, finding.changed) == ("applied", loader.sites[release])
+# One test per loader: test_the_patch_keeps_its_contract_on_<fixture>[<patch>-<release>].
+globals().update(
+    release_loaders.tests("test_the_patch_keeps_its_contract_on", release_loaders.keeps_the_contract, CASES)
+)
 
 
 def test_every_patch_of_the_suite_is_live_here_or_has_a_loader() -> None:
