@@ -40,7 +40,14 @@ def names() -> list[str]:
 
 # ----------------------------------------------------------------------------- torch_npu
 #: The torch_npu ops doubled here (their schemas are read from the release :data:`CONTRACT` names).
-OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_format_cast", "npu_lightning_indexer", "npu_rotary_mul")
+OPS = (
+    "npu_rms_norm",
+    "npu_add_rms_norm",
+    "npu_format_cast",
+    "npu_lightning_indexer",
+    "npu_rotary_mul",
+    "npu_transpose_batchmatmul",
+)
 
 #: ``release``: the torch_npu release whose schemas the calls are bound to (the newest by default).
 CONTRACT = {"release": npu_contract.NEWEST}
@@ -112,11 +119,36 @@ def npu_rotary_mul(
     return self * r1 + torch.cat([-second, first], dim=-1) * r2
 
 
+@bound
+def npu_transpose_batchmatmul(input: torch.Tensor, weight: torch.Tensor, **options: Any) -> torch.Tensor:
+    """TEST DOUBLE of ``torch_npu.npu_transpose_batchmatmul``: both operands batched 3-D tensors,
+    permuted by ``perm_x1`` / ``perm_x2``, multiplied batch by batch, the result permuted by
+    ``perm_y``. Operands of another rank or of mismatched batch / inner sizes raise
+    ``RuntimeError``, as the kernel's shape check does on the device."""
+    EVENTS.append(("torch_npu.npu_transpose_batchmatmul", (tuple(input.shape), tuple(weight.shape))))
+    if input.dim() != 3 or weight.dim() != 3:
+        raise RuntimeError(
+            f"npu_transpose_batchmatmul: x1 and x2 must be 3-D, got {input.dim()}-D and {weight.dim()}-D"
+        )
+    x1 = input.permute(*(options.get("perm_x1") or (0, 1, 2)))
+    x2 = weight.permute(*(options.get("perm_x2") or (0, 1, 2)))
+    if x1.shape[0] != x2.shape[0] or x1.shape[2] != x2.shape[1]:
+        raise RuntimeError(f"npu_transpose_batchmatmul: shapes {tuple(x1.shape)} and {tuple(x2.shape)} do not match")
+    return torch.bmm(x1, x2).permute(*(options.get("perm_y") or (0, 1, 2)))
+
+
 def _torch_npu_module() -> types.ModuleType:
     module = types.ModuleType("torch_npu")
     module.__doc__ = "TEST DOUBLE of torch_npu (see tests/ascend/doubles.py)."
     module.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)  # for find_spec callers
-    for function in (npu_rms_norm, npu_add_rms_norm, npu_format_cast, npu_lightning_indexer, npu_rotary_mul):
+    for function in (
+        npu_rms_norm,
+        npu_add_rms_norm,
+        npu_format_cast,
+        npu_lightning_indexer,
+        npu_rotary_mul,
+        npu_transpose_batchmatmul,
+    ):
         setattr(module, function.__name__, function)
     return module
 

@@ -14,6 +14,7 @@ from tests.ascend.test_ascend_310p_sampler_record_stream import sampler_310p  # 
 from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dispatcher_expert_ids_sleep import dispatching  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_dummy_tid2eid import dsv4_moe  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_dsv4_dummy_wo_a import loading  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_fused_moe_copies import moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
@@ -35,6 +36,7 @@ from verl_npu_autopatch.patches import (
     ascend_camem_sleep_sync,
     ascend_dispatcher_expert_ids_sleep,
     ascend_dsv4_dummy_tid2eid,
+    ascend_dsv4_dummy_wo_a,
     ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_gate_fp32_in_place,
@@ -201,3 +203,10 @@ def test_fused_moe_copies(moe: types.SimpleNamespace, names: tuple[str, ...]) ->
 def test_dsv4_dummy_tid2eid(dsv4_moe: types.ModuleType) -> None:  # noqa: F811
     init = f"{dsv4_moe.__name__}:{ascend_dsv4_dummy_tid2eid.METHOD}"
     assert _applied(ascend_dsv4_dummy_tid2eid.PATCHES) == {"ascend.dsv4_dummy_tid2eid": {init}}
+
+
+@pytest.mark.parametrize("loading", ["0.23.0.post1", "0.27.1rc1"], indirect=True)
+def test_dsv4_dummy_wo_a(loading: types.SimpleNamespace) -> None:  # noqa: F811
+    """Only vLLM's dummy loader changes; vllm-ascend's ``linear.py`` (read beside it) stays as shipped."""
+    target = f"{ascend_dsv4_dummy_wo_a.LOADER}:{ascend_dsv4_dummy_wo_a.METHOD}"
+    assert _applied(ascend_dsv4_dummy_wo_a.PATCHES) == {"ascend.dsv4_dummy_wo_a": {target}}

@@ -13,6 +13,8 @@ from tests.ascend.test_ascend_310p_sampler_record_stream import RELEASES as SAMP
 from tests.ascend.test_ascend_310p_sampler_record_stream import sampler_310p  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_dummy_tid2eid import RELEASES as DUMMY_TID2EID
 from tests.ascend.test_ascend_dsv4_dummy_tid2eid import dsv4_moe  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_dsv4_dummy_wo_a import RELEASES as DUMMY_WO_A
+from tests.ascend.test_ascend_dsv4_dummy_wo_a import loading  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import RELEASES as ROPE
 from tests.ascend.test_ascend_dsv4_rope_plain_swa import rope  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_gate_fp32_in_place import linear  # noqa: F401  (fixture)
@@ -35,6 +37,7 @@ from verl_npu_autopatch.authoring.spec import Patch
 from verl_npu_autopatch.patches import (
     ascend_310p_sampler_record_stream,
     ascend_dsv4_dummy_tid2eid,
+    ascend_dsv4_dummy_wo_a,
     ascend_dsv4_rope_plain_swa,
     ascend_gate_fp32_in_place,
     ascend_mooncake_aborted_receive,
@@ -129,6 +132,12 @@ def test_wake_expert_layout(waking: types.SimpleNamespace, releases: dict, reque
 def test_mxfp8_reload_in_place(mxfp8: types.SimpleNamespace, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
     (patch,) = ascend_mxfp8_reload_in_place.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["mxfp8"], releases)
+
+
+@pytest.mark.parametrize("loading", DUMMY_WO_A, indirect=True)
+def test_dsv4_dummy_wo_a(loading: types.SimpleNamespace, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
+    (patch,) = ascend_dsv4_dummy_wo_a.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["loading"], releases)
 
 
 @pytest.mark.parametrize("dsv4_moe", list(DUMMY_TID2EID), indirect=True)
