@@ -12,6 +12,7 @@ it is used outside tests.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.machinery
 import sys
@@ -174,6 +175,66 @@ def _acl_modules() -> dict[str, types.ModuleType]:
     return {"acl": acl, "acl.rt": rt}
 
 
+# ----------------------------------------------------------------------------- device memory under CaMem
+#: Device address ranges (start -> size) CaMem's ``unmap_and_release`` released and its
+#: ``create_and_map`` has not mapped again. Cleared by :func:`installed`.
+UNMAPPED: dict[int, int] = {}
+
+
+def unmap_and_release(device: int, size: int, ptr: int, handle: int) -> None:
+    """TEST DOUBLE of the compiled ``python_unmap_and_release``: the range is no longer mapped."""
+    EVENTS.append(("unmap_and_release", ptr))
+    UNMAPPED[ptr] = size
+
+
+def create_and_map(device: int, size: int, ptr: int, handle: int) -> None:
+    """TEST DOUBLE of the compiled ``python_create_and_map``: new physical memory at the same
+    address, whose contents are undefined (zeroed here)."""
+    EVENTS.append(("create_and_map", ptr))
+    UNMAPPED.pop(ptr, None)
+    ctypes.memset(ptr, 0, size)
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+#: Tensor methods that read a tensor's metadata only (properties: ``__get__``), never its memory.
+METADATA = frozenset(
+    ("__get__", "data_ptr", "untyped_storage", "storage_offset", "size", "dim", "stride", "numel", "element_size")
+)
+
+
+class DeviceTensor(torch.Tensor):
+    """TEST DOUBLE of a tensor in NPU memory CaMem manages: an op that reads or writes it while its
+    address lies in an :data:`UNMAPPED` range raises ``RuntimeError`` with ACL error 507899, as the
+    device's memcpy / kernel launch fails on an unmapped virtual address (reading its metadata,
+    :data:`METADATA`, does not). Views of it (``.data`` too) are device tensors as well; a copy to
+    the host (``.cpu()``) is a plain tensor."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        devices = [t for t in _tensors((args, kwargs)) if isinstance(t, DeviceTensor)]
+        with torch._C.DisableTorchFunctionSubclass():  # the checks below run as plain tensors
+            for tensor in devices if getattr(func, "__name__", None) not in METADATA else ():
+                address = tensor.data_ptr()
+                if any(start <= address < start + size for start, size in UNMAPPED.items()):
+                    name = getattr(func, "__name__", func)
+                    raise RuntimeError(f"ACL error 507899: {name} on unmapped memory {address:#x}")
+            result = func(*args, **kwargs)
+            storages = {t.untyped_storage().data_ptr() for t in devices}
+            aliases = isinstance(result, torch.Tensor) and result.untyped_storage().data_ptr() in storages
+        return result.as_subclass(cls) if aliases else result
+
+
 # ----------------------------------------------------------------------------- vllm-ascend op
 def maybe_chunk_residual(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """TEST DOUBLE of vllm-ascend's ``torch.ops.vllm.maybe_chunk_residual``: when ``x`` holds only
@@ -256,6 +317,7 @@ def installed() -> Iterator[None]:
     """Install the torch_npu, torch.npu and acl.rt doubles and a ``vllm_ascend`` package stand-in
     (the engine gates patches whose top-level package is not importable) for one test."""
     EVENTS.clear()
+    UNMAPPED.clear()
     TP.update(size=1, rank=0, pad=0)
     had_npu = hasattr(torch, "npu")
     previous = getattr(torch, "npu", None)

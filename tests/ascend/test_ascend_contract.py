@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.ascend.test_ascend_310p_sampler_record_stream import sampler_310p  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_attention_buffers_keep_mapped import camem_buffers  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_camem_sleep_sync import camem_023  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dispatcher_expert_ids_sleep import dispatching  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_dummy_tid2eid import dsv4_moe  # noqa: F401  (fixture)
@@ -33,6 +34,7 @@ from tests.ascend.test_vllm_routed_experts_padding_slots import capturer  # noqa
 from tests.support import contract
 from verl_npu_autopatch.patches import (
     ascend_310p_sampler_record_stream,
+    ascend_attention_buffers_keep_mapped,
     ascend_camem_sleep_sync,
     ascend_dispatcher_expert_ids_sleep,
     ascend_dsv4_dummy_tid2eid,
@@ -210,3 +212,11 @@ def test_dsv4_dummy_wo_a(loading: types.SimpleNamespace) -> None:  # noqa: F811
     """Only vLLM's dummy loader changes; vllm-ascend's ``linear.py`` (read beside it) stays as shipped."""
     target = f"{ascend_dsv4_dummy_wo_a.LOADER}:{ascend_dsv4_dummy_wo_a.METHOD}"
     assert _applied(ascend_dsv4_dummy_wo_a.PATCHES) == {"ascend.dsv4_dummy_wo_a": {target}}
+
+
+@pytest.mark.parametrize("camem_buffers", ["0.27.1rc1"], indirect=True)
+def test_attention_buffers_keep_mapped(camem_buffers: types.SimpleNamespace) -> None:  # noqa: F811
+    """The function and the DSA module's ``from ... import`` copy of it (``Reach.copies_in``)."""
+    family = ascend_attention_buffers_keep_mapped
+    expected = {f"{module}:{family.FUNCTION}" for module in (family.UTILS, family.COPIERS[0])}
+    assert _applied(family.PATCHES) == {"ascend.attention_buffers_keep_mapped": expected}

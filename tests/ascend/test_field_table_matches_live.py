@@ -11,6 +11,8 @@ import pytest
 
 from tests.ascend.test_ascend_310p_sampler_record_stream import RELEASES as SAMPLER_310P
 from tests.ascend.test_ascend_310p_sampler_record_stream import sampler_310p  # noqa: F401  (fixture)
+from tests.ascend.test_ascend_attention_buffers_keep_mapped import RELEASES as BUFFERS
+from tests.ascend.test_ascend_attention_buffers_keep_mapped import camem_buffers  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_dummy_tid2eid import RELEASES as DUMMY_TID2EID
 from tests.ascend.test_ascend_dsv4_dummy_tid2eid import dsv4_moe  # noqa: F401  (fixture)
 from tests.ascend.test_ascend_dsv4_dummy_wo_a import RELEASES as DUMMY_WO_A
@@ -36,6 +38,7 @@ from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 from verl_npu_autopatch.authoring.spec import Patch
 from verl_npu_autopatch.patches import (
     ascend_310p_sampler_record_stream,
+    ascend_attention_buffers_keep_mapped,
     ascend_dsv4_dummy_tid2eid,
     ascend_dsv4_dummy_wo_a,
     ascend_dsv4_rope_plain_swa,
@@ -132,6 +135,12 @@ def test_wake_expert_layout(waking: types.SimpleNamespace, releases: dict, reque
 def test_mxfp8_reload_in_place(mxfp8: types.SimpleNamespace, releases: dict, request: pytest.FixtureRequest) -> None:  # noqa: F811
     (patch,) = ascend_mxfp8_reload_in_place.PATCHES
     assert live(patch) == cell(patch, request.node.callspec.params["mxfp8"], releases)
+
+
+@pytest.mark.parametrize("camem_buffers", BUFFERS, indirect=True)
+def test_attention_buffers_keep_mapped(camem_buffers: types.SimpleNamespace, releases: dict, request: Any) -> None:  # noqa: F811
+    (patch,) = ascend_attention_buffers_keep_mapped.PATCHES
+    assert live(patch) == cell(patch, request.node.callspec.params["camem_buffers"], releases)
 
 
 @pytest.mark.parametrize("loading", DUMMY_WO_A, indirect=True)
