@@ -12,6 +12,7 @@ it is used outside tests.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.machinery
 import sys
@@ -40,7 +41,14 @@ def names() -> list[str]:
 
 # ----------------------------------------------------------------------------- torch_npu
 #: The torch_npu ops doubled here (their schemas are read from the release :data:`CONTRACT` names).
-OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_format_cast", "npu_lightning_indexer", "npu_rotary_mul")
+OPS = (
+    "npu_rms_norm",
+    "npu_add_rms_norm",
+    "npu_format_cast",
+    "npu_lightning_indexer",
+    "npu_rotary_mul",
+    "npu_transpose_batchmatmul",
+)
 
 #: ``release``: the torch_npu release whose schemas the calls are bound to (the newest by default).
 CONTRACT = {"release": npu_contract.NEWEST}
@@ -112,11 +120,36 @@ def npu_rotary_mul(
     return self * r1 + torch.cat([-second, first], dim=-1) * r2
 
 
+@bound
+def npu_transpose_batchmatmul(input: torch.Tensor, weight: torch.Tensor, **options: Any) -> torch.Tensor:
+    """TEST DOUBLE of ``torch_npu.npu_transpose_batchmatmul``: both operands batched 3-D tensors,
+    permuted by ``perm_x1`` / ``perm_x2``, multiplied batch by batch, the result permuted by
+    ``perm_y``. Operands of another rank or of mismatched batch / inner sizes raise
+    ``RuntimeError``, as the kernel's shape check does on the device."""
+    EVENTS.append(("torch_npu.npu_transpose_batchmatmul", (tuple(input.shape), tuple(weight.shape))))
+    if input.dim() != 3 or weight.dim() != 3:
+        raise RuntimeError(
+            f"npu_transpose_batchmatmul: x1 and x2 must be 3-D, got {input.dim()}-D and {weight.dim()}-D"
+        )
+    x1 = input.permute(*(options.get("perm_x1") or (0, 1, 2)))
+    x2 = weight.permute(*(options.get("perm_x2") or (0, 1, 2)))
+    if x1.shape[0] != x2.shape[0] or x1.shape[2] != x2.shape[1]:
+        raise RuntimeError(f"npu_transpose_batchmatmul: shapes {tuple(x1.shape)} and {tuple(x2.shape)} do not match")
+    return torch.bmm(x1, x2).permute(*(options.get("perm_y") or (0, 1, 2)))
+
+
 def _torch_npu_module() -> types.ModuleType:
     module = types.ModuleType("torch_npu")
     module.__doc__ = "TEST DOUBLE of torch_npu (see tests/ascend/doubles.py)."
     module.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)  # for find_spec callers
-    for function in (npu_rms_norm, npu_add_rms_norm, npu_format_cast, npu_lightning_indexer, npu_rotary_mul):
+    for function in (
+        npu_rms_norm,
+        npu_add_rms_norm,
+        npu_format_cast,
+        npu_lightning_indexer,
+        npu_rotary_mul,
+        npu_transpose_batchmatmul,
+    ):
         setattr(module, function.__name__, function)
     return module
 
@@ -140,6 +173,66 @@ def _acl_modules() -> dict[str, types.ModuleType]:
     rt.memcpy = lambda *args: EVENTS.append(("acl.rt.memcpy", args)) or 0
     acl.rt = rt
     return {"acl": acl, "acl.rt": rt}
+
+
+# ----------------------------------------------------------------------------- device memory under CaMem
+#: Device address ranges (start -> size) CaMem's ``unmap_and_release`` released and its
+#: ``create_and_map`` has not mapped again. Cleared by :func:`installed`.
+UNMAPPED: dict[int, int] = {}
+
+
+def unmap_and_release(device: int, size: int, ptr: int, handle: int) -> None:
+    """TEST DOUBLE of the compiled ``python_unmap_and_release``: the range is no longer mapped."""
+    EVENTS.append(("unmap_and_release", ptr))
+    UNMAPPED[ptr] = size
+
+
+def create_and_map(device: int, size: int, ptr: int, handle: int) -> None:
+    """TEST DOUBLE of the compiled ``python_create_and_map``: new physical memory at the same
+    address, whose contents are undefined (zeroed here)."""
+    EVENTS.append(("create_and_map", ptr))
+    UNMAPPED.pop(ptr, None)
+    ctypes.memset(ptr, 0, size)
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+#: Tensor methods that read a tensor's metadata only (properties: ``__get__``), never its memory.
+METADATA = frozenset(
+    ("__get__", "data_ptr", "untyped_storage", "storage_offset", "size", "dim", "stride", "numel", "element_size")
+)
+
+
+class DeviceTensor(torch.Tensor):
+    """TEST DOUBLE of a tensor in NPU memory CaMem manages: an op that reads or writes it while its
+    address lies in an :data:`UNMAPPED` range raises ``RuntimeError`` with ACL error 507899, as the
+    device's memcpy / kernel launch fails on an unmapped virtual address (reading its metadata,
+    :data:`METADATA`, does not). Views of it (``.data`` too) are device tensors as well; a copy to
+    the host (``.cpu()``) is a plain tensor."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        devices = [t for t in _tensors((args, kwargs)) if isinstance(t, DeviceTensor)]
+        with torch._C.DisableTorchFunctionSubclass():  # the checks below run as plain tensors
+            for tensor in devices if getattr(func, "__name__", None) not in METADATA else ():
+                address = tensor.data_ptr()
+                if any(start <= address < start + size for start, size in UNMAPPED.items()):
+                    name = getattr(func, "__name__", func)
+                    raise RuntimeError(f"ACL error 507899: {name} on unmapped memory {address:#x}")
+            result = func(*args, **kwargs)
+            storages = {t.untyped_storage().data_ptr() for t in devices}
+            aliases = isinstance(result, torch.Tensor) and result.untyped_storage().data_ptr() in storages
+        return result.as_subclass(cls) if aliases else result
 
 
 # ----------------------------------------------------------------------------- vllm-ascend op
@@ -224,6 +317,7 @@ def installed() -> Iterator[None]:
     """Install the torch_npu, torch.npu and acl.rt doubles and a ``vllm_ascend`` package stand-in
     (the engine gates patches whose top-level package is not importable) for one test."""
     EVENTS.clear()
+    UNMAPPED.clear()
     TP.update(size=1, rank=0, pad=0)
     had_npu = hasattr(torch, "npu")
     previous = getattr(torch, "npu", None)

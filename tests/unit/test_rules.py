@@ -17,9 +17,11 @@ from verl_npu_autopatch.authoring.patching import parameter_defaults
 from verl_npu_autopatch.authoring.spec import Verdict
 from verl_npu_autopatch.patches import (
     ascend_310p_sampler_record_stream,
+    ascend_attention_buffers_keep_mapped,
     ascend_camem_sleep_sync,
     ascend_dispatcher_expert_ids_sleep,
     ascend_dsv4_dummy_tid2eid,
+    ascend_dsv4_dummy_wo_a,
     ascend_dsv4_rope_plain_swa,
     ascend_fused_moe_copies,
     ascend_mooncake_aborted_receive,
@@ -250,6 +252,54 @@ def tid2eid(source: str, params: tuple[str, ...] = TID2EID_PARAMS) -> Verdict:
     return ascend_dsv4_dummy_tid2eid.tid2eid_rule(Code(source, params))
 
 
+WO_A_LOAD = (
+    "defload_weights(self,model,model_config):forlayerinmodel.modules():initialize_dummy_weights(layer,model_config)"
+)
+WO_A_LOADER = Code(
+    'defweight_loader(self,param,loaded_weight):if"wo_a"inself.prefixandget_ascend_device_type()!=AscendDeviceType.A5:'
+    "self.weight.data=self.weight.data.view(self.n_local_groups,self.o_lora_rank,-1).transpose(2,1).contiguous()",
+    ("self", "param", "loaded_weight"),
+)
+WO_A_PROCESS = Code(
+    "defprocess_weights_after_loading(self,layer):super().process_weights_after_loading(layer)", ("self", "layer")
+)
+WO_A_PROCESS_3D = Code(
+    f"{WO_A_PROCESS.source}layer.weight.data=layer.weight.data.view(layer.n_local_groups,layer.o_lora_rank,-1).transpose(2,1)",
+    ("self", "layer"),
+)
+
+
+def wo_a(load: str = WO_A_LOAD, loader: Code | None = WO_A_LOADER, process: Code | None = WO_A_PROCESS) -> Verdict:
+    return ascend_dsv4_dummy_wo_a.wo_a_rule(Code(load, ("self", "model", "model_config")), loader, process)
+
+
+BUFFERS_REGISTER = (
+    "defget_or_register_attention_buffer(vllm_config,layer_names,name,factory):ifbufferisNone:buffer=factory()"
+)
+BUFFERS_INIT = Code(
+    'definitialize_from_config(self,kv_cache_config):context=allocator.use_memory_pool(tag="kv_cache")'
+    "withcontext:self.model_runner.initialize_kv_cache(kv_cache_config)",
+    ("self", "kv_cache_config"),
+)
+BUFFERS_INIT_028 = Code(
+    "definitialize_from_config(self,kv_cache_config):self.model_runner.initialize_kv_cache(kv_cache_config,"
+    'kv_cache_allocation_context=self._maybe_get_memory_pool_context(tag="kv_cache"))',
+    ("self", "kv_cache_config"),
+)
+BUFFERS_SLEEP = Code(
+    "defsleep(self,offload_tags=None):fordatainself.pointer_to_data.values():"
+    "ifdata.tag==CaMemAllocator.sleep_persistent_tag:continue",
+    ("self", "offload_tags"),
+)
+
+
+def buffers(
+    register: str = BUFFERS_REGISTER, init: Code | None = BUFFERS_INIT, sleep: Code | None = BUFFERS_SLEEP
+) -> Verdict:
+    params = ascend_attention_buffers_keep_mapped.PARAMS
+    return ascend_attention_buffers_keep_mapped.buffers_rule(Code(register, params), init, sleep)
+
+
 def mxfp8(source: str, params: tuple[str, ...] = ("self", "layer")) -> Verdict:
     return ascend_mxfp8_reload_in_place.mxfp8_rule(Code(source, params))
 
@@ -406,6 +456,68 @@ CASES: dict[str, tuple[Callable[[], Verdict | str], str]] = {
     "tid2eid: 0.28.0rc1 distinct ids": (lambda: tid2eid(TID2EID_DISTINCT), "fixed-upstream"),
     "tid2eid: no hash table": (lambda: tid2eid("self.gate=ReplicatedLinear()"), "unsupported"),
     "tid2eid: other parameters": (lambda: tid2eid(TID2EID_ZEROS, ("self", "config")), "unsupported"),
+    # ascend.attention_buffers_keep_mapped: get_or_register_attention_buffer, the worker, CaMem
+    "attention buffers: 0.27.1rc1 made inside the kv_cache pool": (lambda: buffers(), "apply"),
+    "attention buffers: 0.28.0rc1 pool around the KV tensors only": (
+        lambda: buffers(init=BUFFERS_INIT_028),
+        "fixed-upstream",
+    ),
+    "attention buffers: allocated under a persistent tag": (
+        lambda: buffers(
+            BUFFERS_REGISTER.replace("buffer=factory()", "withallocator.use_allocation_tag(t):buffer=factory()")
+        ),
+        "fixed-upstream",
+    ),
+    "attention buffers: no persistent tag in CaMem": (
+        lambda: buffers(sleep=Code("defsleep(self,offload_tags=None):pass", ("self", "offload_tags"))),
+        "unsupported",
+    ),
+    "attention buffers: no worker": (lambda: buffers(init=None), "unsupported"),
+    "attention buffers: another body": (
+        lambda: buffers("defget_or_register_attention_buffer(vllm_config,layer_names,name,factory):pass"),
+        "unsupported",
+    ),
+    "attention buffers: other parameters": (
+        lambda: ascend_attention_buffers_keep_mapped.buffers_rule(
+            Code(BUFFERS_REGISTER, ("name",)), BUFFERS_INIT, BUFFERS_SLEEP
+        ),
+        "unsupported",
+    ),
+    # ascend.dsv4_dummy_wo_a: vLLM's DummyModelLoader.load_weights, read with vllm-ascend's linear.py
+    "wo_a: 0.26.0rc1 reshapes in the weight loader only": (lambda: wo_a(), "apply"),
+    "wo_a: 0.27.1rc1 fusion condition": (
+        lambda: wo_a(
+            loader=Code(
+                WO_A_LOADER.source.replace(  # type: ignore[union-attr]
+                    "get_ascend_device_type()!=AscendDeviceType.A5", "HardwareCapability.DYNAMIC_MX_QUANT_FUSION"
+                ),
+                WO_A_LOADER.params,
+            )
+        ),
+        "apply",
+    ),
+    "wo_a: 0.28.0rc1 reshapes after loading": (lambda: wo_a(process=WO_A_PROCESS_3D), "fixed-upstream"),
+    "wo_a: vLLM 0.30 fills each tensor": (
+        lambda: wo_a(
+            WO_A_LOAD.replace("initialize_dummy_weights(layer,model_config)", "initialize_single_dummy_weight(t)")
+        ),
+        "apply",
+    ),
+    "wo_a: no DeepSeek-V4 wo_a (0.18.0)": (
+        lambda: wo_a(loader=Code("defweight_loader(self,p,w):pass", None)),
+        "unsupported",
+    ),
+    "wo_a: another reshape condition": (
+        lambda: wo_a(
+            loader=Code(WO_A_LOADER.source.replace("get_ascend_device_type()!=AscendDeviceType.A5", "True"), None)
+        ),  # type: ignore[union-attr]
+        "unsupported",
+    ),
+    "wo_a: another dummy loader": (lambda: wo_a("defload_weights(self,model,model_config):pass"), "unsupported"),
+    "wo_a: other parameters": (
+        lambda: ascend_dsv4_dummy_wo_a.wo_a_rule(Code(WO_A_LOAD, ("self", "model")), WO_A_LOADER, WO_A_PROCESS),
+        "unsupported",
+    ),
     # ascend.mxfp8_reload_in_place: AscendW8A8MXFP8DynamicLinearMethod.process_weights_after_loading
     "mxfp8: 0.23.0 new tensors at every reload": (lambda: mxfp8(MXFP8_NEW), "apply"),
     "mxfp8: 0.23.0.post1 buffers made once": (lambda: mxfp8(MXFP8_ONCE), "fixed-upstream"),

@@ -66,6 +66,8 @@ FAMILIES: tuple[str, ...] = (
     "ascend_wake_expert_layout",
     "ascend_mxfp8_reload_in_place",
     "ascend_dsv4_dummy_tid2eid",
+    "ascend_dsv4_dummy_wo_a",
+    "ascend_attention_buffers_keep_mapped",
     "vllm_engine_partial_wake_up",
     "verl_defer_duplicates",
     "verl_3d_position_ids",

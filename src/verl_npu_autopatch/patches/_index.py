@@ -107,6 +107,12 @@ INDEX = (
     ('ascend_dsv4_dummy_tid2eid', (
         ('ascend.dsv4_dummy_tid2eid', ('dsv4', 'ascend'), False, 'npu-stack', (), (('vllm_ascend.models.deepseek_v4.model', 'DeepseekV4MoE.__init__', ()), ('vllm_ascend.models.deepseek_v4', 'DeepseekV4MoE.__init__', ()))),
     )),
+    ('ascend_dsv4_dummy_wo_a', (
+        ('ascend.dsv4_dummy_wo_a', ('dsv4', 'ascend'), False, 'npu-stack', (), (('vllm.model_executor.model_loader.dummy_loader', 'DummyModelLoader.load_weights', ()),)),
+    )),
+    ('ascend_attention_buffers_keep_mapped', (
+        ('ascend.attention_buffers_keep_mapped', ('dsv4', 'ascend'), False, 'npu-stack', (), (('vllm_ascend.attention.utils', 'get_or_register_attention_buffer', ()),)),
+    )),
     ('vllm_engine_partial_wake_up', (
         ('vllm.engine_partial_wake_up', ('glm52', 'vllm'), False, 'npu-stack', (), (('vllm.v1.engine.core', 'EngineCore.wake_up', ()),)),
     )),
