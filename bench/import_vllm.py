@@ -15,7 +15,9 @@ patch states it ended with.
 The paired comparison is limited by the noise of a multi-second import; so, in the same run, a
 direct measure: import vLLM and the targets with the package off, then turn it on (NPU forced) and
 time ``verl_npu_autopatch.activate()``, which loads the catalog, decides the gates, registers the
-hooks and applies every patch to the already imported targets.
+hooks and applies every patch to the already imported targets. With ``--compare PYTHON`` (a copy
+of the venv with another wheel installed, e.g. an older one) the direct measure alternates the two
+interpreters each round and reports the median of the paired ratios.
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", required=True, help="python of a venv with vLLM and the package")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument(
+        "--compare",
+        help="python of a copy of that venv with another wheel (e.g. an older one): the direct "
+        "measure alternates the two each round and reports the paired ratio",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     npu = clean_env(VERL_NPU_AUTOPATCH_DEVICE="npu")
@@ -107,18 +114,24 @@ def main(argv: list[str] | None = None) -> int:
     }
     direct = {}
     for scope, chosen in scopes.items():
-        imports, activations, seen = [], [], {}
-        for _ in range(args.rounds):
-            out = spawn_timed([args.python, "-c", DIRECT.format(modules=chosen)], off, quiet=True)[2]
-            imported, activation, seen = json.loads(out.splitlines()[-1])
-            imports.append(imported)
-            activations.append(activation)
+        pythons = [args.python, *([args.compare] if args.compare else [])]
+        runs: dict[str, list[tuple[float, float, dict]]] = {python: [] for python in pythons}
+        for round_ in range(args.rounds):
+            for python in pythons[round_ % len(pythons) :] + pythons[: round_ % len(pythons)]:
+                out = spawn_timed([python, "-c", DIRECT.format(modules=chosen)], off, quiet=True)[2]
+                runs[python].append(tuple(json.loads(out.splitlines()[-1])))
+        imports, activations = [r[0] for r in runs[args.python]], [r[1] for r in runs[args.python]]
         direct[scope] = {
             "import vllm + these targets, package off (s)": round(median(imports), 4),
             "then activate(), NPU forced (ms)": round(median(activations) * 1e3, 3),
             "activation / import, medians (%)": round(100 * median(activations) / median(imports), 3),
-            "states": dict(collections.Counter(seen.values())),
+            "states": dict(collections.Counter(runs[args.python][-1][2].values())),
         }
+        if args.compare:
+            other = [r[1] for r in runs[args.compare]]
+            direct[scope]["--compare: then activate() (ms)"] = round(median(other) * 1e3, 3)
+            ratios = [a / b for a, b in zip(activations, other, strict=True)]
+            direct[scope]["paired ratio, median of rounds"] = round(median(ratios), 3)
     report(
         "Activation + all patches vs import vllm",
         {
@@ -128,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "python": args.python,
             "rounds": args.rounds,
+            "compare": args.compare,
             "target modules imported": modules,
             "patch states at the end": {k: dict(v) for k, v in states.items() if k != "warm"},
             "direct measure, per scope (same process)": direct,

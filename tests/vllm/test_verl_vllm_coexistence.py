@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support import verl_upstream
+from tests.support import release_loaders, verl_upstream
 from tests.vllm.test_vllm_moe import INTER, E, H, checkpoint, load, reference, to_runtime_layout
 from tests.vllm.vllm_support import build_moe, moe_layer_class, record
 from verl_npu_autopatch.authoring.patching import MARKER
 from verl_npu_autopatch.engine.lifecycle import Engine
 from verl_npu_autopatch.patches import verl_defer_duplicates, vllm_moe, vllm_rotary_flash_attn_guard
-from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, verl_owned
+from verl_npu_autopatch.patches._verl import PATCH_MODULE, WEIGHT_LOADER_MARKER, verl_owned
 
 ROTARY, LOADER, DEFERS = vllm_rotary_flash_attn_guard.PATCHES[0], vllm_moe.PATCHES[0], verl_defer_duplicates.PATCHES[0]
 FORCED = dataclasses.replace(ROTARY, check=None)
@@ -52,6 +52,14 @@ def common(vllm_config: Any) -> Any:
     return common
 
 
+@release_loaders.loads(
+    verl_defer_duplicates,
+    "verl",
+    ("0.9.1",),
+    # verl's own module imported, its apply_npu_vllm_patches not run: our guard sits on its function
+    sites={"0.9.1": {f"{PATCH_MODULE}:patch_vllm013_rotary_emb"}},
+    param=True,
+)
 @pytest.fixture
 def verl(verl_root: Path, common: Any, distributed: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """verl's patch module importable (not yet imported), on an NPU stack as verl sees it

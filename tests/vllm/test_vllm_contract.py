@@ -1,23 +1,47 @@
 """The patch contract (``tests/support/contract.py``) for every built-in patch whose target imports
-in this suite's environment, on the real upstream modules."""
+in this suite's environment, on the real upstream modules; and for the verl patches that need vLLM,
+on every release their registered loader (``tests/support/release_loaders.py``) loads."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from tests.support import contract, verl_upstream
-from tests.vllm.test_verl_vllm_coexistence import common, verl, verl_root  # noqa: F401  (fixtures)
+from tests.support import contract, release_loaders
+from tests.vllm.test_verl_vllm_coexistence import common, verl_root  # noqa: F401  (fixtures the verl loader uses)
 from verl_npu_autopatch.authoring.spec import Patch
-from verl_npu_autopatch.patches import verl_defer_duplicates
+from verl_npu_autopatch.engine import catalog
 
 LIVE = contract.live_patches()
+LOADERS = release_loaders.collect("tests.vllm")
+globals().update(release_loaders.fixtures(LOADERS))  # pytest finds each loader fixture here, by name
+FAMILIES = [(f.__name__.rpartition(".")[2], f.PATCHES) for f in catalog.families()]
+#: The top-level packages of the verl patches this suite covers (those the verl suite leaves to it).
+PACKAGES = {"verl", "megatron", "tensordict", "torch_npu"}
+
+
+def ours(patch: Patch) -> bool:
+    """Whether ``patch`` is this suite's concern: a verl-side patch that needs vLLM."""
+    return "vllm" in patch.groups and any(t.module.partition(".")[0] in PACKAGES for t in patch.targets)
 
 
 @pytest.mark.parametrize("patch", LIVE, ids=lambda patch: patch.name)
 def test_the_patch_keeps_its_contract(patch: Patch) -> None:
     contract.check_contract(patch)
+
+
+# One test per loader: test_the_patch_keeps_its_contract_on_<fixture>[<patch>-<release>].
+globals().update(
+    release_loaders.tests(
+        "test_the_patch_keeps_its_contract_on",
+        release_loaders.keeps_the_contract,
+        release_loaders.cases(FAMILIES, LOADERS),
+    )
+)
+
+
+def test_every_verl_patch_needing_vllm_is_live_here_or_has_a_loader() -> None:
+    assert [name for name, patches in FAMILIES for p in patches if ours(p)]  # the concern is not empty
+    assert release_loaders.uncovered(FAMILIES, ours, {p.name for p in LIVE}, LOADERS) == []
 
 
 def test_what_each_vllm_patch_decides_on_this_vllm() -> None:
@@ -30,11 +54,3 @@ def test_what_each_vllm_patch_decides_on_this_vllm() -> None:
         "vllm.engine_partial_wake_up": "fixed-upstream",
         "vllm.routed_experts_padding_slots": "fixed-upstream",
     }
-
-
-def test_verl_defer_duplicates_on_verl_0_9_1(verl: Any) -> None:  # noqa: F811  (the fixture)
-    """verl's own ``npu_vllm_patch`` module (release 0.9.1) imported, its ``apply_npu_vllm_patches`` not run."""
-    module = verl_upstream.patch_module()
-    (patch,) = contract.live_patches(verl_defer_duplicates.PATCHES)
-    finding = contract.check_contract(patch)
-    assert (finding.state, finding.changed) == ("applied", {f"{module.__name__}:patch_vllm013_rotary_emb"})
