@@ -10,14 +10,10 @@ import pytest
 from tests.support import contract, release_loaders, upstream
 from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 from verl_npu_autopatch.authoring.spec import Patch
-from verl_npu_autopatch.engine import catalog
 
-LOADERS = release_loaders.collect("tests.ascend")
-globals().update(release_loaders.fixtures(LOADERS))  # pytest finds each loader fixture here, by name
-FAMILIES = [(f.__name__.rpartition(".")[2], f.PATCHES) for f in catalog.families()]
+LOADERS, FAMILIES = release_loaders.suite("tests.ascend", globals())  # the loaders' fixtures put here
 #: Every (patch, loader, release) whose loader reads a release of the table (not a stand-in).
 CASES = [case for case in release_loaders.cases(FAMILIES, LOADERS) if case[1].project is not None]
-STATES = {"apply": "applied", "fixed-upstream": "fixed-upstream", "unsupported": "unsupported"}
 
 
 def test_every_release_loaded_is_a_column_of_the_table() -> None:
@@ -34,7 +30,7 @@ def equals_the_table_cell(
     assert patch.static is not None
     cell = patch.static.decide(UpstreamTree(roots, {"vllm-ascend": column.ascend.version, "vllm": column.vllm.version}))
     (live,) = contract.live_patches([patch])
-    assert contract.check_contract(live).state == STATES[cell.action], cell.reason
+    assert contract.check_contract(live).state == release_loaders.STATES[cell.action], cell.reason
 
 
 # One test per loader: test_the_live_decision_equals_the_table_cell_on_<fixture>[<patch>-<release>].

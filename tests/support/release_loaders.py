@@ -32,6 +32,7 @@ import pytest
 
 from tests.support import contract
 from verl_npu_autopatch.authoring.spec import Patch
+from verl_npu_autopatch.engine import catalog
 
 F = TypeVar("F")
 #: What a generated test runs once the release is loaded: ``check(request, patch, loader, release)``.
@@ -59,6 +60,9 @@ class Loader:
         """The exact sites registered for ``patch`` on ``release``, if any."""
         return self.sites.get(release, {}).get(patch.name)
 
+
+#: ``Verdict.action`` -> the state a record ends in when the live check decides it.
+STATES = {"apply": "applied", "fixed-upstream": "fixed-upstream", "unsupported": "unsupported"}
 
 #: Every registration made so far, in import order.
 REGISTRY: list[Loader] = []
@@ -102,6 +106,15 @@ def collect(package: str) -> list[Loader]:
         if found.name.startswith("test_"):
             importlib.import_module(f"{package}.{found.name}")
     return [loader for loader in REGISTRY if loader.module.startswith(f"{package}.")]
+
+
+def suite(package: str, namespace: dict[str, Any]) -> tuple[list[Loader], list[tuple[str, Sequence[Patch]]]]:
+    """A generic test module's set-up: the loaders ``package``'s test modules register (their
+    fixtures put in ``namespace``, the module's globals, where pytest finds them) and the catalog's
+    families as ``(name, patches)``."""
+    loaders = collect(package)
+    namespace.update(fixtures(loaders))
+    return loaders, [(f.__name__.rpartition(".")[2], f.PATCHES) for f in catalog.families()]
 
 
 def fixtures(loaders: Iterable[Loader]) -> dict[str, Any]:

@@ -18,15 +18,11 @@ from tests.support import contract, release_loaders, upstream
 from tests.verl.helpers import release_root
 from verl_npu_autopatch.authoring.fingerprints import UpstreamTree
 from verl_npu_autopatch.authoring.spec import Patch
-from verl_npu_autopatch.engine import catalog
 from verl_npu_autopatch.patches import megatron_async_save_format, torch_npu_nested_tensor_intercept
 
-LOADERS = release_loaders.collect("tests.verl")
-globals().update(release_loaders.fixtures(LOADERS))  # pytest finds each loader fixture here, by name
-FAMILIES = [(f.__name__.rpartition(".")[2], f.PATCHES) for f in catalog.families()]
+LOADERS, FAMILIES = release_loaders.suite("tests.verl", globals())  # the loaders' fixtures put here
 #: Every (patch, loader, release) whose loader reads a release of the table (not a stand-in).
 CASES = [case for case in release_loaders.cases(FAMILIES, LOADERS) if case[1].project is not None]
-STATES = {"apply": "applied", "fixed-upstream": "fixed-upstream", "unsupported": "unsupported"}
 
 
 def test_every_release_loaded_is_a_column_of_the_table() -> None:
@@ -42,7 +38,7 @@ def equals_the_table_cell(
     assert patch.static is not None and loader.project is not None
     cell = patch.static.decide(UpstreamTree((release_root(loader.project, release),), {loader.project: release}))
     (live,) = contract.live_patches([patch])
-    assert contract.check_contract(live).state == STATES[cell.action], cell.reason
+    assert contract.check_contract(live).state == release_loaders.STATES[cell.action], cell.reason
 
 
 # One test per loader: test_the_live_decision_equals_the_table_cell_on_<fixture>[<patch>-<release>].
@@ -57,7 +53,7 @@ def torch_cell(patch: Patch) -> str:
     """The state of ``patch``'s torch rule (``StaticRule.also``) on the installed torch's release."""
     assert patch.static is not None
     (rule,) = patch.static.also
-    return STATES[rule.decide(UpstreamTree((release_root("torch", TORCH),), {"torch": TORCH})).action]
+    return release_loaders.STATES[rule.decide(UpstreamTree((release_root("torch", TORCH),), {"torch": TORCH})).action]
 
 
 def test_the_installed_torch_is_a_column_whose_files_the_table_reads() -> None:

@@ -10,12 +10,9 @@ import pytest
 
 from tests.support import contract, release_loaders
 from verl_npu_autopatch.authoring.spec import Patch, Target
-from verl_npu_autopatch.engine import catalog
 
 LIVE = contract.live_patches()
-LOADERS = release_loaders.collect("tests.verl")
-globals().update(release_loaders.fixtures(LOADERS))  # pytest finds each loader fixture here, by name
-FAMILIES = [(f.__name__.rpartition(".")[2], f.PATCHES) for f in catalog.families()]
+LOADERS, FAMILIES = release_loaders.suite("tests.verl", globals())  # the loaders' fixtures put here
 CASES = release_loaders.cases(FAMILIES, LOADERS)
 #: The top-level packages whose patches are this suite's (a patch that also needs vLLM is tests/vllm's).
 PACKAGES = {"verl", "megatron", "tensordict", "torch_npu"}

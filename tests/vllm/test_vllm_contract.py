@@ -9,12 +9,9 @@ import pytest
 from tests.support import contract, release_loaders
 from tests.vllm.test_verl_vllm_coexistence import common, verl_root  # noqa: F401  (fixtures the verl loader uses)
 from verl_npu_autopatch.authoring.spec import Patch
-from verl_npu_autopatch.engine import catalog
 
 LIVE = contract.live_patches()
-LOADERS = release_loaders.collect("tests.vllm")
-globals().update(release_loaders.fixtures(LOADERS))  # pytest finds each loader fixture here, by name
-FAMILIES = [(f.__name__.rpartition(".")[2], f.PATCHES) for f in catalog.families()]
+LOADERS, FAMILIES = release_loaders.suite("tests.vllm", globals())  # the loaders' fixtures put here
 #: The top-level packages of the verl patches this suite covers (those the verl suite leaves to it).
 PACKAGES = {"verl", "megatron", "tensordict", "torch_npu"}
 
