@@ -1,8 +1,9 @@
 """Facts about this environment, found without importing the packages they are about.
 
 :func:`findable`, :func:`npu_stack_installed` (the start-up module's own) and
-:func:`device_decision` use only the import system already loaded; version look-ups read
-installed metadata (``importlib.metadata``) and are cached per process.
+:func:`device_decision` use only the import system already loaded; version look-ups read the
+installed metadata (:func:`metadata_folders`, archives through ``importlib.metadata``) and are
+cached per process.
 """
 
 # No ``from __future__ import annotations``: a first watched import with a configuration set
@@ -152,6 +153,7 @@ def metadata_folders() -> "tuple[dict[str, str], tuple[str, ...]]":
 
 
 def _mtime(entry: str) -> int:
+    """``entry``'s modification time (ns), ``-1`` when it cannot be read."""
     try:
         return os.stat(entry or ".").st_mtime_ns
     except OSError:  # a missing path entry: nothing to read there, whatever its time
