@@ -25,9 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -48,6 +46,7 @@ from verl_npu_autopatch.authoring import (
     rule_patch,
     unsupported,
 )
+from verl_npu_autopatch.patches._installed_source import installed_source
 
 DISPATCHER = "vllm_ascend.ops.fused_moe.token_dispatcher"
 CAMEM = "vllm_ascend.device_allocator.camem"
@@ -82,29 +81,12 @@ def _normalized(source: ModuleSource | None) -> str | None:
     return None if source is None else "".join(source.text.split())
 
 
-def _file_source(name: str) -> ModuleSource | None:
-    """The source of module ``name`` as installed, read from its file, never imported: the loaded
-    module's ``__file__``, else the file under the top package's path (``None`` where absent)."""
-    path = getattr(sys.modules.get(name), "__file__", None)
-    if path is None:
-        top, _, rest = name.partition(".")
-        for root in getattr(sys.modules.get(top), "__path__", ()):
-            candidate = Path(root, *rest.split(".")).with_suffix(".py")
-            if candidate.is_file():
-                path = candidate
-                break
-    try:
-        return None if path is None else ModuleSource(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):  # unreadable: the rule says what absence means
-        return None
-
-
 def check(site: Site) -> Verdict:
     """The rule on the live ``__init__``, ``CaMemAllocator.wake_up`` as installed and ``fused_moe.py``
     read from its file (importing it here would run it while it imports this module)."""
-    camem = _file_source(CAMEM)
+    camem = installed_source(CAMEM)
     wake_up = None if camem is None else camem.code("CaMemAllocator.wake_up")
-    return expert_ids_rule.decide(Code.live(site.value), wake_up, _normalized(_file_source(FUSED_MOE)))
+    return expert_ids_rule.decide(Code.live(site.value), wake_up, _normalized(installed_source(FUSED_MOE)))
 
 
 def static(tree: UpstreamTree) -> Verdict:
