@@ -1,9 +1,7 @@
 """verl-npu-autopatch: Ascend-NPU runtime fixes for verl, applied in every Python process.
 
-The public face, and nothing else: the names below resolve lazily, so importing the package
-imports no other module. The start-up hook is the top-level module ``_verl_npu_autopatch_startup``
-(see docs/internals.md, "How it works"); ``verl_npu_autopatch.authoring.patching`` holds the helpers patch
-authors use.
+The public face: the names below resolve lazily, so importing the package imports nothing else
+(docs/internals.md, "How it works"); ``verl_npu_autopatch.authoring`` is the patch authors' kit.
 """
 
 # No ``from __future__ import annotations``: the first watched import loads this module, and
@@ -32,20 +30,11 @@ if TYPE_CHECKING:  # what a type checker sees; at run time the names resolve laz
     from verl_npu_autopatch.authoring.spec import APPLY, Patch, Site, Target, Undo, Verdict, fixed_upstream, unsupported
     from verl_npu_autopatch.engine.lifecycle import PatchError, activate, report, revert
 
+_SPEC = ("APPLY", "Patch", "Site", "Target", "Undo", "Verdict", "fixed_upstream", "unsupported")
 _LAZY = {
     "__version__": "verl_npu_autopatch._version",
-    "activate": "verl_npu_autopatch.engine.lifecycle",
-    "report": "verl_npu_autopatch.engine.lifecycle",
-    "revert": "verl_npu_autopatch.engine.lifecycle",
-    "PatchError": "verl_npu_autopatch.engine.lifecycle",
-    "APPLY": "verl_npu_autopatch.authoring.spec",
-    "Patch": "verl_npu_autopatch.authoring.spec",
-    "Site": "verl_npu_autopatch.authoring.spec",
-    "Target": "verl_npu_autopatch.authoring.spec",
-    "Undo": "verl_npu_autopatch.authoring.spec",
-    "Verdict": "verl_npu_autopatch.authoring.spec",
-    "fixed_upstream": "verl_npu_autopatch.authoring.spec",
-    "unsupported": "verl_npu_autopatch.authoring.spec",
+    **dict.fromkeys(("activate", "report", "revert", "PatchError"), "verl_npu_autopatch.engine.lifecycle"),
+    **dict.fromkeys(_SPEC, "verl_npu_autopatch.authoring.spec"),
 }
 
 

@@ -1,15 +1,9 @@
-"""What the start-up observer does once a watched package starts loading, unless the start-up
-module found the host plainly inactive: decide from the configuration whether this host is inactive,
-guard other threads' imports while the engine activates, activate it, and patch the package
-itself. Imported by the activating loader of the start-up module (outside the interpreter's
-global import lock), named by its ``ACTIVATION`` rather than imported (the start-up module is the bottom
-layer); it wakes the engine. Standard library only, light.
-
-While the engine activates, the observer *guards* imports (``Observer.guard``): every watched package
-and every submodule of a watched (or target) package that another thread imports waits in its
-loader until the hooks are registered, and is patched as it finishes loading. So no target import
-completes unpatched once activation has begun. The observer leaves ``sys.meta_path`` when
-activation is over (see docs/internals.md, "Activation and threads").
+"""The activating loader's work, once a watched package starts loading on a host not plainly
+inactive: decide from the configuration, wake the engine, patch the package itself. While the
+engine activates, other threads' imports of the watched and target packages wait in their loader
+and are patched as they finish: no target import completes unpatched once activation has begun
+(docs/internals.md, "Activation and threads"). Imported by name from the start-up module (its
+``ACTIVATION``), outside the global import lock. Standard library only.
 """
 
 import _thread
@@ -30,9 +24,8 @@ if TYPE_CHECKING:
 
 
 def inactive_here() -> bool:
-    """The engine has nothing to do in this process: the configuration's device decision, made
-    without the engine. A configuration with warnings goes to the engine, which logs them, and so
-    does a set ``VERL_NPU_AUTOPATCH_LOG`` (the engine logs why it stays inactive)."""
+    """The configuration's device decision says inactive, and the engine has nothing to log (no
+    warnings, ``VERL_NPU_AUTOPATCH_LOG`` unset)."""
     config = read_config()
     if config.warnings or os.environ.get("VERL_NPU_AUTOPATCH_LOG", "").strip():
         return False
@@ -40,10 +33,8 @@ def inactive_here() -> bool:
 
 
 def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
-    """``create_module`` of an activating loader. For a watched package the decision is made
-    here, before the module is visible in ``sys.modules``: from then on other threads' imports
-    are guarded, so none of the package's submodules can be imported past the engine while it
-    loads."""
+    """Decide for a watched package before it is in ``sys.modules``: from then on other threads'
+    imports are guarded, so none of its submodules gets past the engine."""
     if loader.waits_for is None:
         try:
             if OBSERVER.engine is not None and OBSERVER.engine.too_deep():
@@ -58,10 +49,9 @@ def create_module(loader: "Any", spec: "ModuleSpec") -> "ModuleType | None":
 
 
 def exec_module(loader: "Any", module: "ModuleType") -> None:
-    """``exec_module`` of an activating loader on a host that is not inactive: activate the engine
-    (or wait for an activation under way in another thread), run the real loader, then let the
-    engine patch the module itself (wrapt never saw this import). If the module raises, the
-    engine hooks its next import, and this frame leaves the traceback (3.11+)."""
+    """Activate the engine (or wait for another thread's activation), run the real loader, then let
+    the engine patch the module (wrapt never saw this import). If it raises, its next import is
+    hooked, and this frame leaves the traceback."""
     module.__loader__ = loader.loader
     spec = getattr(module, "__spec__", None)
     if spec is not None:
@@ -96,20 +86,16 @@ def exec_module(loader: "Any", module: "ModuleType") -> None:
 
 
 def _strict(exc: BaseException) -> bool:
-    """Whether ``exc`` is strict mode's ``PatchError``, caught by type: the engine module defines
-    it and is loaded whenever the engine could have raised one (this module never imports it
-    at start-up)."""
+    """Whether ``exc`` is strict mode's ``PatchError`` (its module is loaded whenever one could be raised)."""
     engine = sys.modules.get("verl_npu_autopatch.engine.lifecycle")
     return engine is not None and isinstance(exc, engine.PatchError)
 
 
 def waits_for_activation(observer: "StartupObserver", fullname: str, path: "Any", target: "Any") -> "ModuleSpec | None":
-    """The guarding (or resuming) observer's answer for a name outside the watched packages.
-    Resuming, a module of a watched package gets an activating loader. Guarding, for threads other
-    than the activating one, the modules of the gated packages (the watched ones and the other
-    target packages) or, while the catalog is not loaded yet (``gated is None``), every module
-    outside the standard library and this package get a loader that waits for the activation to
-    end before the module executes."""
+    """The guarding or resuming observer's answer for a name outside the watched packages. Resuming:
+    a watched package's module activates. Guarding: in other threads, the gated packages' modules
+    (every module but the standard library's and ours while ``gated`` is ``None``) wait for the
+    activation to end before they execute."""
     top = fullname.partition(".")[0]
     if observer.mode != "guarding":  # resuming: an activation was abandoned; a watched package's module activates
         spec = real_spec(fullname, path, target) if observer.mode == "resuming" and top in WATCHED else None
@@ -124,8 +110,7 @@ def waits_for_activation(observer: "StartupObserver", fullname: str, path: "Any"
 
 
 def _standard_library(spec: "ModuleSpec") -> bool:
-    """Whether ``spec`` is a built-in, frozen or standard-library module (never held up: the
-    activating thread imports such modules)."""
+    """A built-in, frozen or standard-library module: never held up (the activation imports them)."""
     origin = spec.origin or ""
     if origin in ("built-in", "frozen") or type(spec.loader).__name__ in ("BuiltinImporter", "FrozenImporter"):
         return True
@@ -134,9 +119,8 @@ def _standard_library(spec: "ModuleSpec") -> bool:
 
 
 def after_fork_in_child() -> None:
-    """The child of ``os.fork()`` made while another thread activates: that thread is not
-    here, so its activation (the engine's locks, the guarding observer) is abandoned: the child
-    imports freely and its next watched import, or ``activate()``, activates."""
+    """In a fork's child, an activation under way in another thread (not there) is abandoned:
+    the child imports freely and its next watched import, or ``activate()``, activates."""
     try:
         engine = sys.modules.get("verl_npu_autopatch.engine.lifecycle")
         if engine is not None:

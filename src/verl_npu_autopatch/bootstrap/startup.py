@@ -1,12 +1,11 @@
-"""The start-up module and its :data:`OBSERVER` (docs/internals.md, "How it works"). Nothing imports it
-at interpreter start: the ``.pth`` line (``pth_line``) puts a placeholder on ``sys.meta_path``, and
-the first watched name imports this module, as ``_verl_npu_autopatch_startup`` (the wheel's root
-copy of this file), holding the global import lock, and calls :func:`take_over`; the PEP 829
-``.start`` file calls :func:`install_observer`. One module object per process, under both names:
-the root module registers itself under the package's name, or the package's copy, imported first, under the root's.
-Standard library only (modules already loaded); never raises, prints or writes. A watched package
-gets an :class:`ActivatingLoader`: on a plainly inactive host (:func:`plainly_inactive`) it loads
-untouched, with nothing imported; otherwise the loader's work (``activation``) is imported then.
+"""The start-up module and its :data:`OBSERVER`, the process's one finder of ours (docs/internals.md).
+
+The ``.pth`` line (``pth_line``) only puts a placeholder on ``sys.meta_path``; the first watched name
+imports this module as ``_verl_npu_autopatch_startup`` (the wheel's root copy), under the global
+import lock, and calls :func:`take_over`; the PEP 829 ``.start`` file calls :func:`install_observer`.
+Standard library only, never raises, prints or writes. A watched package gets an
+:class:`ActivatingLoader`: on a :func:`plainly_inactive` host it loads untouched; otherwise the
+loader's work (``activation``) is imported then.
 """
 
 import os
@@ -22,16 +21,14 @@ if TYPE_CHECKING:  # without importing typing at run time
 
     Mode = Literal["placeholder", "observing", "guarding", "resuming", "watching", "retired"]
 
-#: Top-level packages whose first import activates the engine. ``tests`` check that every
-#: built-in patch target lives under one of these; the ``.pth`` line is rendered from it.
+#: Top-level packages whose first import activates the engine (every built-in target is under one;
+#: the ``.pth`` line is rendered from it).
 WATCHED = frozenset(
     {"vllm", "vllm_ascend", "transformers", "liger_kernel", "verl", "tensordict", "torch_npu", "megatron"}
 )
 
-#: The module the activating loader hands its work to (``create_module``, ``exec_module``, the
-#: guarding rule ``waits_for_activation``, the fork handler), named, never imported by an import statement: this is
-#: the bottom layer (the ``.pth`` line names it the same way), and nothing of the package is loaded
-#: until a watched import needs it. ``tests/unit/test_layout.py`` checks the name.
+#: The loader's work, named, never imported by a statement: nothing of the package loads until a
+#: watched import needs it (``tests/unit/test_layout.py`` checks the name).
 ACTIVATION = "verl_npu_autopatch.bootstrap.activation"
 
 #: The on/off words of every boolean variable (any case, surrounding spaces ignored).
@@ -41,12 +38,11 @@ FALSE = frozenset({"0", "false", "no", "off", "n", "f", "disable", "disabled", "
 #: The name this module is loaded under (also, if imported first, the package's copy of the file).
 NAME = "_verl_npu_autopatch_startup"
 
-#: Marks the start-up line's placeholders on ``sys.meta_path``: one each time ``site`` reads the
-#: ``.pth`` (twice in a venv, cpython#75723); :func:`take_over` replaces the first, drops the rest.
+#: Marks the ``.pth`` line's placeholders: one each time ``site`` reads it (twice in a venv, cpython#75723).
 PLACEHOLDER = "verl_npu_autopatch_placeholder"
 
-#: Variables that can make a host without ``torch_npu`` act, or make the configuration warn, whatever
-#: their value; the on/off switches among them only when their value is not understood (:data:`SWITCHES`).
+#: Variables that can make a host without ``torch_npu`` act or warn whatever their value, and the
+#: switches, which can only when their value is not understood.
 DECIDING = ("VERL_NPU_AUTOPATCH_DEVICE", "VERL_NPU_AUTOPATCH_LOG")
 SWITCHES = ("VERL_NPU_AUTOPATCH", "VERL_NPU_AUTOPATCH_STRICT", "VERL_VLLM_ASCEND_GLM52_PATCH")
 
@@ -57,15 +53,9 @@ def flag(raw):
     return True if value in TRUE else False if value in FALSE else None
 
 
-def switched_off():
-    """``VERL_NPU_AUTOPATCH`` says off (``0``, ``false``, ``no``, ``off``, ``none``, ... any case)."""
-    return flag(os.environ.get("VERL_NPU_AUTOPATCH", "")) is False
-
-
 def findable(name):
-    """Whether top-level module ``name`` could be imported, asking the meta-path finders directly
-    (``importlib.util.find_spec`` without importing ``importlib.util``; nothing is executed), but
-    our own start-up hooks: a look-up is not an import to observe."""
+    """Whether top-level module ``name`` could be imported, asking the meta-path finders (not ours:
+    a look-up is not an import to observe) without executing anything."""
     if name in sys.modules:
         return True
     for finder in list(sys.meta_path):
@@ -86,46 +76,36 @@ def npu_stack_installed():
 
 
 def plainly_inactive():
-    """This host needs no engine, and nothing needs the configuration read to say so: ``torch_npu``
-    cannot be found and no variable could change that decision or warn (:data:`DECIDING` unset,
-    :data:`SWITCHES` unset or understood). Every other case is decided by ``activation``."""
+    """No engine is needed and no variable could change that or warn: ``torch_npu`` cannot be found,
+    :data:`DECIDING` unset, :data:`SWITCHES` unset or understood. ``activation`` decides the rest."""
     try:
         environ = os.environ
         if any(environ.get(name, "").strip() for name in DECIDING):
             return False
-        for name in SWITCHES:
-            raw = environ.get(name, "")
-            if raw.strip() and flag(raw) is None:
-                return False
+        if any(environ.get(name, "").strip() and flag(environ.get(name, "")) is None for name in SWITCHES):
+            return False
         return not npu_stack_installed()
-    except Exception:  # cannot tell: the configuration is read by _activation, which decides
+    except Exception:  # cannot tell: activation reads the configuration and decides
         return False
 
 
 class Observer:
     """The start-up observer, one per process (:data:`OBSERVER`). Its :attr:`mode`:
 
-    - ``placeholder``: not on ``sys.meta_path``; from the outside, this mode *is* the ``.pth``
-      line's placeholder, which stands in for it until :meth:`take_over` puts it in its place;
+    - ``placeholder``: off ``sys.meta_path``, the ``.pth`` line's placeholder stands in for it;
     - ``observing``: on ``sys.meta_path``; a watched package gets an activating loader;
-    - ``guarding``: the engine activates (:meth:`guard`); other threads' modules of the gated
-      packages wait for it in their loader (docs/internals.md, "Activation and threads");
-    - ``resuming``: an activation was abandoned: observing, and a module of a watched package
-      (which may be loaded already, unpatched) activates too;
-    - ``watching``: activation is over, but fixes went in: on ``sys.meta_path`` for their modules'
-      re-executions alone (``importlib.reload``, or a fresh import after leaving ``sys.modules``:
-      wrapt's hooks fire once per name), which the :meth:`watch` watchers answer;
-    - ``retired``: off ``sys.meta_path``, its work here over (a ``.pth`` processed again puts no
-      observer back); an abandoned activation makes it resume (:meth:`resume_observing`).
+    - ``guarding``: the engine activates; other threads' modules of the gated packages wait for it;
+    - ``resuming``: an activation was abandoned; a module of a watched package activates too;
+    - ``watching``: activation is over; it stays for its fixes' modules' re-executions
+      (``importlib.reload``, a fresh import), which wrapt's once-per-name hooks miss;
+    - ``retired``: off ``sys.meta_path`` for good, unless an abandoned activation resumes it.
 
-    In every mode a name in :attr:`again` (a module a fix went in on) is first offered to the
-    watchers: this is the process's one finder of ours.
+    In every mode a name in :attr:`again` (a module a fix went in on) is first offered to the watchers.
     """
 
     __slots__ = ("activator", "again", "at_fork", "engine", "gated", "inactive_trigger", "mode", "trigger", "watchers")
 
-    #: Marks the observer on ``sys.meta_path`` (:func:`is_hook`).
-    verl_npu_autopatch_observer = True
+    verl_npu_autopatch_observer = True  # marks it on sys.meta_path (is_hook)
 
     def __init__(self) -> None:
         self.mode: Mode = "placeholder"
@@ -133,7 +113,7 @@ class Observer:
         self.activator: int | None = None  # the thread that activates
         self.trigger = ""  # the watched package whose import began the activation
         self.inactive_trigger = ""  # the watched package whose import found this host inactive
-        self.engine: Any = None  # the process-wide engine, kept with the observer (:data:`ANCHOR`)
+        self.engine: Any = None  # the process-wide engine, kept with the observer (ANCHOR)
         self.at_fork = False  # the fork handler is registered (once per process)
         self.again: frozenset[str] = frozenset()  # modules whose re-execution the watchers answer
         self.watchers: list[Any] = []  # each with ``names`` and ``spec(fullname, path, target)``
@@ -141,13 +121,13 @@ class Observer:
     def find_spec(
         self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
     ) -> "ModuleSpec | None":
-        """A re-executed patched module's spec from its watcher; a watched package's real spec with
-        an activating loader; else ``None`` (two frozenset lookups), unless guarding or resuming:
-        then ``activation.waits_for_activation`` (loaded: an activation began) decides."""
+        """A watcher's spec for a re-executed patched module; a watched package's real spec with an
+        activating loader; else ``None``, unless guarding or resuming (``waits_for_activation``)."""
         if fullname in self.again:
-            spec = self._again(fullname, path, target)
-            if spec is not None:
-                return spec
+            for watcher in list(self.watchers):
+                spec = watcher.spec(fullname, path, target) if fullname in watcher.names else None
+                if spec is not None:
+                    return spec
         if self.mode == "watching":
             return None
         if fullname in WATCHED:
@@ -158,17 +138,8 @@ class Observer:
         work = sys.modules.get(ACTIVATION)
         return None if work is None else work.waits_for_activation(self, fullname, path, target)
 
-    def _again(self, fullname, path, target):
-        for watcher in list(self.watchers):
-            if fullname in watcher.names:
-                spec = watcher.spec(fullname, path, target)
-                if spec is not None:
-                    return spec
-        return None
-
     def watch(self, watcher: "Any", name: str) -> None:
-        """Have ``watcher`` answer re-executions of module ``name`` (its ``spec``): on
-        ``sys.meta_path`` from now on (first, when not there yet), ``watching`` once retired."""
+        """Have ``watcher`` answer re-executions of module ``name``: on ``sys.meta_path`` from now on."""
         if not any(w is watcher for w in self.watchers):
             self.watchers = [*self.watchers, watcher]
         self.again = self.again | {name}
@@ -178,51 +149,41 @@ class Observer:
                 self.mode = "watching"
 
     def on_meta_path(self) -> bool:
-        """This observer is on ``sys.meta_path``."""
         return any(finder is self for finder in sys.meta_path)
 
     def hooked(self) -> bool:
         """The start-up hook is in place: this observer, or the placeholder standing in for it."""
         return any(is_hook(finder) for finder in sys.meta_path)
 
-    def _idle(self) -> bool:
-        """Switched off, or activation over (a watched package already in ``sys.modules`` does not count)."""
-        return switched_off() or self.mode in ("retired", "watching")
-
     def take_over(
         self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
     ) -> "ModuleSpec | None":
-        """The placeholder's ``find_spec`` for the first watched name, under the global import lock:
-        observe from now on (unless idle: the placeholders just leave) and answer for ``fullname``."""
-        try:
-            if self._idle():
-                drop_placeholders()
-            else:
-                self.observe()
-        except Exception:  # start-up code never raises; the import then goes on unobserved
-            pass
+        """The placeholder's ``find_spec`` for the first watched name: observe from now on (unless
+        switched off or done: the placeholders just leave) and answer for ``fullname``."""
+        self.start()
         return (self.find_spec if self.on_meta_path() else real_spec)(fullname, path, target)
 
     def start(self) -> None:
-        """Observe, unless idle: the entry point of the PEP 829 ``.start`` file (Python 3.15+).
-        Idempotent, silent."""
+        """Observe unless switched off or done, else drop the placeholders (also the PEP 829 ``.start``
+        entry point). Idempotent, silent."""
         try:
-            if not self._idle():
+            if flag(os.environ.get("VERL_NPU_AUTOPATCH", "")) is False or self.mode in ("retired", "watching"):
+                _leave_meta_path(_placeholder)
+            else:
                 self.observe()
-        except Exception:  # start-up code never raises, prints or writes; the process runs unpatched
+        except Exception:  # start-up code never raises; the process runs unobserved
             pass
 
     def observe(self) -> None:
-        """On ``sys.meta_path`` once (observing unless guarding), in the first placeholder's place (so
-        an import iterating over the list sees one or the other), else at the front; the rest leave."""
+        """On ``sys.meta_path`` once, in the first placeholder's place (an import iterating over the
+        list sees one or the other), else first; the placeholders leave."""
         if not self.on_meta_path():
-            for index, finder in enumerate(sys.meta_path):
-                if _placeholder(finder):
-                    sys.meta_path[index] = self
-                    break
-            else:
+            index = next((i for i, finder in enumerate(sys.meta_path) if _placeholder(finder)), None)
+            if index is None:
                 sys.meta_path.insert(0, self)
-        drop_placeholders()
+            else:
+                sys.meta_path[index] = self
+        _leave_meta_path(_placeholder)
         if self.mode not in ("guarding", "resuming"):
             self.mode = "observing"
 
@@ -233,12 +194,13 @@ class Observer:
             self.guard(get_ident())
 
     def guard(self, activator: int, packages: "Iterable[str] | None" = None) -> None:
-        """Activation began on thread ``activator``: guard (also where the start-up hook did not
-        run) every module until the catalog is known (``packages`` is ``None``), then the
-        watched packages plus ``packages`` (the other target packages)."""
+        """Activation began on thread ``activator``: guard every module until the catalog is known
+        (``packages`` is ``None``), then the watched packages plus ``packages``."""
         try:
             _activation_module()  # the guarding rule and the fork handler live there: loaded first
-            _fork_safe()
+            if not OBSERVER.at_fork and hasattr(os, "register_at_fork"):
+                OBSERVER.at_fork = True  # once per process, when a first activation begins
+                os.register_at_fork(after_in_child=_after_fork_in_child)
             self.observe()
             self.activator = activator
             self.gated = None if packages is None else WATCHED | frozenset(packages)
@@ -247,8 +209,7 @@ class Observer:
             pass
 
     def retire(self) -> None:
-        """Activation is over, or decided against: ``watching`` while fixes went in (:meth:`watch`),
-        else off ``sys.meta_path`` for good."""
+        """Activation is over or decided against: ``watching`` while fixes went in, else off ``sys.meta_path``."""
         self.gated, self.activator, self.trigger = WATCHED, None, ""
         if self.again and self.on_meta_path():
             self.mode = "watching"
@@ -265,8 +226,8 @@ class Observer:
         self.retire()
 
     def resume_observing(self, hooked: bool) -> None:
-        """An activation was abandoned: stop guarding and, if the start-up hook was in place
-        (``hooked``), resume: the next import of a watched package, or of one of its modules, activates."""
+        """An activation was abandoned: stop guarding; if the start-up hook was in place (``hooked``),
+        the next import of a watched package, or of one of its modules, activates."""
         self.retire()
         if self.mode == "retired":
             self.mode = "placeholder"
@@ -275,21 +236,13 @@ class Observer:
             self.observe()
 
 
-def _fork_safe():
-    """Have ``activation.after_fork_in_child`` run in a fork's child: registered once per process,
-    when a first activation begins (never at start-up)."""
-    if not OBSERVER.at_fork and hasattr(os, "register_at_fork"):
-        OBSERVER.at_fork = True
-        os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def _after_fork_in_child():
     getattr(sys.modules.get(ACTIVATION), "after_fork_in_child", lambda: None)()
 
 
 def activating(spec, waits_for):
-    """``spec`` with its loader wrapped in an activating loader (``waits_for``: ``None`` for a watched
-    package, which decides; else the watched package whose activation the module waits for)."""
+    """``spec`` with an activating loader (``waits_for``: ``None`` for a watched package, which
+    decides; else the watched package whose activation the module waits for)."""
     loader = spec.loader
     if loader is None and spec.submodule_search_locations is not None:
         loader = _namespace_loader(spec)  # a namespace package (no __init__.py)
@@ -299,15 +252,13 @@ def activating(spec, waits_for):
 
 
 def real_spec(fullname, path, target):
-    """The spec the finders after the start-up hook on ``sys.meta_path`` give ``fullname``: those in
-    front were asked already, and one that chains (APM agents, coverage) would ask us again."""
+    """The spec from the finders after ours on ``sys.meta_path``: those before were asked already,
+    and one that chains (APM agents, coverage) would ask us again."""
     finders = list(sys.meta_path)
     first = next((index for index, finder in enumerate(finders) if is_hook(finder)), -1)
     for finder in finders[first + 1 :]:
         find = getattr(finder, "find_spec", None)
-        if find is None or is_hook(finder):
-            continue
-        spec = find(fullname, path, target)
+        spec = None if find is None or is_hook(finder) else find(fullname, path, target)
         if spec is not None:
             return spec
     return None
@@ -326,10 +277,10 @@ def _namespace_loader(spec):
 
 
 def _activation_module():
-    """The module :data:`ACTIVATION` names, imported if it is not yet: from this file's own package,
-    never a namesake found first on ``sys.path`` (a user's script ``verl_npu_autopatch.py``)."""
+    """:data:`ACTIVATION`, imported from this file's own package under its module lock, never from a
+    namesake found first on ``sys.path`` (a user's script ``verl_npu_autopatch.py``)."""
     package = ACTIVATION.partition(".")[0]
-    try:  # loaded as the import system would, under its module lock
+    try:
         bootstrap = sys.modules["_frozen_importlib"]
         with bootstrap._ModuleLockManager(package):
             if package not in sys.modules:
@@ -357,8 +308,7 @@ class ActivatingLoader:
         return getattr(self.loader, name)
 
     def create_module(self, spec):
-        """For a watched package, decide whether this host is inactive (:func:`plainly_inactive`, else
-        ``activation``), before the module is in ``sys.modules``."""
+        """Decide, for a watched package, whether this host is inactive, before the module is in ``sys.modules``."""
         if self.waits_for is None and plainly_inactive():
             self.inactive = True
             OBSERVER.retire_inactive(spec.name)
@@ -374,8 +324,8 @@ class ActivatingLoader:
         return create(spec) if create is not None else None
 
     def exec_module(self, module):
-        """Run the real loader (through ``activation`` unless inactive or broken). If the package
-        raises, this frame leaves the traceback (3.11+; the exception is unchanged)."""
+        """Run the real loader (through ``activation`` unless inactive or broken); if the package
+        raises, this frame leaves the traceback."""
         try:
             if self.inactive or self.broken:
                 module.__loader__ = self.loader
@@ -389,8 +339,8 @@ class ActivatingLoader:
 
 
 def unframed(exc, code):
-    """Take the frame running ``code`` off the head of ``exc``'s traceback, so that a failing upstream
-    import shows only its own frames (Python 3.10 re-raises the traceback it caught, frame included)."""
+    """Take the frame running ``code`` off the head of ``exc``'s traceback: a failing upstream import
+    shows only its own frames (Python 3.10 re-raises the traceback it caught, frame included)."""
     tb = exc.__traceback__
     if tb is not None and tb.tb_frame.f_code is code:
         exc.__traceback__ = tb.tb_next
@@ -401,38 +351,26 @@ def is_hook(finder):
     return getattr(finder, "verl_npu_autopatch_observer", False) is True or _placeholder(finder)
 
 
-def _placeholder(finder):  # the .pth line's placeholder
+def _placeholder(finder):
     return getattr(finder, PLACEHOLDER, False) is True
 
 
-def drop_placeholders():
-    """Take the start-up line's placeholders off ``sys.meta_path``."""
-    _leave_meta_path(_placeholder)
-
-
 def _leave_meta_path(leaving):
-    """The finders ``leaving(finder)`` picks off ``sys.meta_path``, as a new list: an import in
-    another thread iterates over the old one, and a removal from it would make that import skip
-    the next finder (even the last, ``PathFinder``: "No module named ...")."""
+    """Drop the finders ``leaving`` picks, by a new list: removing from the one another thread's
+    import iterates over would make it skip the next finder ("No module named ...")."""
     if any(leaving(finder) for finder in sys.meta_path):
         sys.meta_path = [finder for finder in sys.meta_path if not leaving(finder)]
 
 
-#: :data:`OBSERVER`, the process's one observer (and, on it, its engine), is kept by ``sys`` under this
-#: name, not by a global of this module: it survives this module leaving ``sys.modules`` and a fresh
-#: copy executing (``mock.patch.dict(sys.modules)``, ``importlib.reload``); ``sys`` never leaves.
+#: The process's one observer (and its engine) is kept by ``sys``, which never leaves: it survives
+#: this module leaving ``sys.modules`` and a fresh copy executing (``mock.patch.dict``, ``reload``).
 ANCHOR = "_verl_npu_autopatch_observer"
 OBSERVER: Observer = getattr(sys, ANCHOR, None) or Observer()
 setattr(sys, ANCHOR, OBSERVER)
-#: What the ``.pth`` line's placeholder calls for a watched name, and the PEP 829 ``.start`` file.
 take_over, install_observer = OBSERVER.take_over, OBSERVER.start
 
-
-#: One module object per process, under both names: the root module registers itself under the
-#: package's name, so importing that runs no second copy of the file; the package's copy, imported
-#: first (the root module not loaded yet, or not there at all), is the one module and registers
-#: itself under the root's name. (The import system hands back what ``sys.modules`` holds once this
-#: body has run: the root module, should it have won a race.)
+# One module object under both names: the root module registers itself under the package's name;
+# the package's copy, imported first, is the one module under the root's (a race's winner is kept).
 if __name__ == NAME:
     sys.modules.setdefault("verl_npu_autopatch.bootstrap.startup", sys.modules[NAME])
 else:
