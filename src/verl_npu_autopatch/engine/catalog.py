@@ -99,10 +99,7 @@ def families(package: str = PACKAGE) -> list[ModuleType]:
 
 def builtin(package: str = PACKAGE) -> list[Patch]:
     """The built-in patches, in catalog order."""
-    patches: list[Patch] = []
-    for family in families(package):
-        patches += family.PATCHES
-    return patches
+    return [patch for family in families(package) for patch in family.PATCHES]
 
 
 class Declared:
@@ -321,11 +318,7 @@ def load_declared(disable: Iterable[str] = ()) -> Catalog[Patch | Declared]:
 
 def names_and_groups(patches: Iterable[Patch | Declared]) -> set[str]:
     """Every name ENABLE/DISABLE may use: patch names and group names."""
-    known: set[str] = set()
-    for patch in patches:
-        known.add(patch.name)
-        known.update(patch.groups)
-    return known
+    return {name for patch in patches for name in (patch.name, *patch.groups)}
 
 
 if __name__ == "__main__":
