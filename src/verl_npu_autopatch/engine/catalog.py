@@ -1,9 +1,8 @@
 """The patch catalog: built-in patch families plus third-party specs from entry points.
 
-The engine reads the built-in patches from the index (``patches/_index.py``): what it needs before
-a target is imported (names, groups, gates, hooked modules), as :class:`Declared` patches, so an
-activation imports no family; a family is imported when one of its targets is (:meth:`Declared.load`).
-The index is generated from the families and checked by ``tests/unit/test_catalog_index.py``:
+The engine reads the built-in patches as :class:`Declared` ones from the generated index
+(``patches/_index.py``, checked by ``tests/unit/test_catalog_index.py``), so an activation imports no
+family; a family is imported when one of its targets is (:meth:`Declared.load`). To regenerate:
 
     PYTHONPATH=src python3 -m verl_npu_autopatch.engine.catalog > src/verl_npu_autopatch/patches/_index.py
 """
@@ -39,9 +38,9 @@ __all__ = [
 
 #: The package holding the built-in patch families.
 PACKAGE = "verl_npu_autopatch.patches"
-#: The built-in families (the public modules of :data:`PACKAGE`), in catalog order: the order
-#: the engine applies the patches of one target module in, and ``docs/patches.md`` lists them in.
-#: The one place that orders them; a family module missing here fails tests/unit/test_discovery.py.
+#: The built-in families (the public modules of :data:`PACKAGE`) in catalog order: the order the engine
+#: applies one target module's patches in and ``docs/patches.md`` lists them in (tests/unit/test_discovery.py
+#: fails for a family module missing here).
 FAMILIES: tuple[str, ...] = (
     "vllm_moe",
     "vllm_rotary_flash_attn_guard",
@@ -83,40 +82,29 @@ FAMILIES: tuple[str, ...] = (
     "verl_checkpoint_send_reoffload",
     "verl_hccl_broadcast_thread",
 )
-
-
-#: Entry-point group for third-party patch specs. An entry point may name a ``Patch``, an
-#: iterable of them, or a zero-argument callable returning either.
+#: Entry-point group for third-party patch specs: each names a ``Patch``, an iterable of them, or a
+#: zero-argument callable returning either.
 ENTRY_POINT_GROUP = "verl_npu_autopatch.patches"
 
 
 def families(package: str = PACKAGE) -> list[ModuleType]:
-    """The built-in patch families, in catalog order: every public module of ``package`` (its
-    ``_private`` modules are helpers, not families), found on disk, so a new module there joins the
-    catalog. Ordered by :data:`FAMILIES`; a module the list misses comes after the listed ones, by
-    name (and a test fails until it is listed). Each exposes ``PATCHES``."""
+    """The built-in patch families (each exposes ``PATCHES``): every public module of ``package``,
+    found on disk, in :data:`FAMILIES` order; one the list misses comes last, by name."""
     root = importlib.import_module(package)
     names = sorted(m.name for m in pkgutil.iter_modules(root.__path__) if not m.name.startswith("_"))
-    modules = [importlib.import_module(f"{package}.{name}") for name in names]
-    return sorted(modules, key=lambda m: _position(m.__name__.rpartition(".")[2]))
-
-
-def _position(name: str) -> tuple[int, str]:
-    """Where family ``name`` goes in the catalog: its place in :data:`FAMILIES`, else last."""
-    return (FAMILIES.index(name) if name in FAMILIES else len(FAMILIES), name)
+    modules = {name: importlib.import_module(f"{package}.{name}") for name in names}
+    order = {name: i for i, name in enumerate(FAMILIES)}
+    return [modules[name] for name in sorted(names, key=lambda name: order.get(name, len(order)))]
 
 
 def builtin(package: str = PACKAGE) -> list[Patch]:
     """The built-in patches, in catalog order."""
-    patches: list[Patch] = []
-    for family in families(package):
-        patches += family.PATCHES
-    return patches
+    return [patch for family in families(package) for patch in family.PATCHES]
 
 
 class Declared:
-    """A built-in patch as the index declares it: all the engine reads before its target is
-    imported (:func:`~.decision.plan`, the record, the hooks); :meth:`load` gives the patch."""
+    """A built-in patch as the index declares it: what the engine reads before its target is imported;
+    :meth:`load` gives the patch."""
 
     __slots__ = ("default", "device", "family", "groups", "hooks", "name", "requires")
 
@@ -134,7 +122,7 @@ class Declared:
         self.device, self.requires, self.hooks = device, requires, hooks
 
     def load(self) -> Patch:
-        """The patch itself, from its family module (imported now if it is not yet)."""
+        """The patch itself, from its family module (imported now if need be)."""
         module = importlib.import_module(f"{PACKAGE}.{self.family}")
         for patch in module.PATCHES:
             if patch.name == self.name:
@@ -154,7 +142,7 @@ def declared() -> list[Declared]:
 
 
 def render_index() -> str:
-    """``patches/_index.py``: every built-in family's patches as :func:`declared` reads them."""
+    """The text of ``patches/_index.py``."""
     lines = [
         '"""Generated by `PYTHONPATH=src python3 -m verl_npu_autopatch.engine.catalog`: what the engine needs of each',
         'built-in patch before its target is imported (see ``catalog.Declared``). Do not edit."""',
@@ -183,14 +171,12 @@ def _as_patches(obj: object) -> list[Patch]:
     raise TypeError(f"expected a Patch, an iterable of Patch or a callable returning them, got a {got}")
 
 
-#: What a catalog holds: loaded patches (:func:`load`), or also declared ones (:func:`load_declared`).
 P = TypeVar("P", bound="Patch | Declared")
 
 
 class Catalog(Generic[P]):
-    """What :func:`load` found: the patches, ``(entry point, error, exception)`` for each entry
-    point that failed to load, the entry points skipped by ``VERL_NPU_AUTOPATCH_DISABLE``, and
-    the names of all entry points in the group."""
+    """What :func:`load` found: the patches (or also :class:`Declared` ones), ``(entry point, error,
+    exception)`` per entry point that failed, those skipped by DISABLE, and every entry point's name."""
 
     __slots__ = ("entry_points", "errors", "patches", "skipped")
 
@@ -211,8 +197,7 @@ class Catalog(Generic[P]):
         return names_and_groups(self.patches) | set(self.entry_points) | {f"entry-point:{n}" for n in self.entry_points}
 
     def unique(self) -> tuple[dict[str, P], list[str]]:
-        """``({name: patch}, warnings)``: the patches by name, in order; a second patch of the
-        same name is ignored, with a warning."""
+        """``({name: patch}, warnings)`` in order; a second patch of a name is ignored, with a warning."""
         unique: dict[str, P] = {}
         warnings = []
         for patch in self.patches:
@@ -224,13 +209,10 @@ class Catalog(Generic[P]):
 
 
 def plugins(disable: Iterable[str] = (), timeout: float | None = None) -> Catalog[Patch]:
-    """Patches from the ``verl_npu_autopatch.patches`` entry points. An entry point named in
-    ``disable`` (as ``NAME`` or ``entry-point:NAME``, in any case) is skipped: its module is never imported.
-    Any other installed distribution that declares one is imported here (see the trust model in
-    docs/writing-a-patch.md). Each distribution's entry points are read, and each is loaded,
-    under its own guard: unreadable metadata (``distribution:NAME``) or a plugin that raises,
-    even ``SystemExit``, is an error of its own, never the end of the catalog. With
-    ``timeout`` (``status``), a plugin whose load does not finish within it is an error too."""
+    """Patches from the entry points (trust model: docs/writing-a-patch.md); one named in ``disable``
+    (``NAME`` or ``entry-point:NAME``, in any case) is never imported. Each distribution's metadata
+    and each entry point's load has its own guard: a failure, even ``SystemExit``, is an error of its
+    own, never the end of the catalog; so is a load that outlasts ``timeout`` (``status``)."""
     off = {name.casefold() for name in disable}  # names match in any case (VERL_NPU_AUTOPATCH_DISABLE)
     found: Catalog[Patch] = Catalog([])
     for dist, points in _entry_points(found):
@@ -249,10 +231,9 @@ def plugins(disable: Iterable[str] = (), timeout: float | None = None) -> Catalo
 
 
 def _entry_points(found: Catalog[Patch]) -> list[tuple[str, list[Any]]]:
-    """``(distribution, its entry points in our group)`` for each installed distribution, the first
-    of each name on the path (as ``importlib.metadata.entry_points`` picks them). Only a
-    distribution whose ``entry_points.txt`` names our group is parsed, and one whose entry points
-    cannot be read is an error in ``found`` naming it."""
+    """``(distribution, its entry points in our group)`` for the first distribution of each name on
+    the path (as ``importlib.metadata`` picks them); one whose entry points cannot be read is an error
+    in ``found``."""
     seen: set[str] = set()
     listed = []
     for named, dist in _distributions():
@@ -277,10 +258,9 @@ def _entry_points(found: Catalog[Patch]) -> list[tuple[str, list[Any]]]:
 
 
 def _distributions() -> Iterable[tuple[str | None, Any]]:
-    """``(normalized name, distribution)`` of each distribution on ``sys.path``. One in a folder
-    (``environment.metadata_folders``) is ``None`` unless its ``entry_points.txt``
-    names our group (one ``open`` each); those in archives on the path come after the folders' ones,
-    as ``(None, distribution)``, left to ``importlib.metadata``."""
+    """``(normalized name, distribution)`` on ``sys.path``: a folder's distribution is ``None`` unless
+    its ``entry_points.txt`` names our group (only those are parsed); then ``(None, distribution)``
+    for those in archives, left to ``importlib.metadata``."""
     from importlib.metadata import PathDistribution, distributions
     from pathlib import Path
 
@@ -298,8 +278,8 @@ def _distributions() -> Iterable[tuple[str | None, Any]]:
 
 
 def _load(point: Any, timeout: float | None) -> list[Patch]:
-    """The patches of entry point ``point``; with ``timeout``, loaded in a daemon thread waited
-    for that long (a plugin that hangs at load is left behind, and is an error)."""
+    """The patches of entry point ``point``; with ``timeout``, loaded in a daemon thread waited for
+    that long (a plugin that hangs is left behind, and is an error)."""
     if timeout is None:
         return _as_patches(point.load())
     import threading
@@ -323,8 +303,7 @@ def _load(point: Any, timeout: float | None) -> list[Patch]:
 
 
 def load(disable: Iterable[str] = (), timeout: float | None = None) -> Catalog[Patch]:
-    """Built-in then plugin patches (entry points named in ``disable`` are not imported;
-    ``timeout``: see :func:`plugins`)."""
+    """Built-in then plugin patches (``disable``, ``timeout``: see :func:`plugins`)."""
     found = plugins(disable, timeout)
     found.patches = builtin() + found.patches
     return found
@@ -339,11 +318,7 @@ def load_declared(disable: Iterable[str] = ()) -> Catalog[Patch | Declared]:
 
 def names_and_groups(patches: Iterable[Patch | Declared]) -> set[str]:
     """Every name ENABLE/DISABLE may use: patch names and group names."""
-    known: set[str] = set()
-    for patch in patches:
-        known.add(patch.name)
-        known.update(patch.groups)
-    return known
+    return {name for patch in patches for name in (patch.name, *patch.groups)}
 
 
 if __name__ == "__main__":

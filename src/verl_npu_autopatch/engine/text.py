@@ -1,9 +1,6 @@
-"""Foreign text made safe to keep and to show: exceptions and values from upstream code, plugins
-or other users' files, whose ``__str__`` may raise, which may hold terminal escape sequences, or
-run to megabytes.
-
-Standard library only, imports nothing at run time: the engine uses it inside its guards.
-"""
+"""Foreign text (exceptions and values from upstream code, plugins or other users' files) made safe
+to keep and show: its ``__str__`` may raise, it may hold terminal escapes or run to megabytes.
+Imports nothing at run time: the engine uses it inside its guards."""
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # without importing typing at run time
@@ -14,15 +11,10 @@ __all__ = ["REASON_CHARS", "cut", "describe", "printable", "safe_repr", "safe_st
 #: Longest reason a record, a report file or ``--json`` keeps (screens cut shorter).
 REASON_CHARS = 2000
 
-#: C0 and C1 controls, DEL, and the format characters that reorder or hide text on a terminal
-#: (bidirectional overrides and isolates, zero-width marks): escaped by :func:`printable`, as are
-#: lone surrogates (a non-UTF-8 file name or argument), which no terminal encoding can print.
-_HIDDEN = (0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029, 0x2060, 0xFEFF, *range(0x202A, 0x202F))
-_HIDDEN += tuple(range(0x2066, 0x206A))
-_SURROGATES = range(0xD800, 0xE000)
-#: :func:`printable`'s table, made at its first use (the engine imports this module on its active
-#: path, where nothing is escaped).
-_escapes: dict[int, str] = {}
+#: Besides C0/C1 controls and DEL, :func:`printable` escapes what reorders or hides text on a terminal
+#: (bidirectional overrides and isolates, zero-width marks) and lone surrogates (a non-UTF-8 name).
+_HIDDEN = (*range(0x200B, 0x2010), 0x2028, 0x2029, 0x2060, 0xFEFF, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_escapes: dict[int, str] = {}  # printable's table, made at its first use (not on the engine's active path)
 
 
 def cut(text: str, limit: int = REASON_CHARS) -> str:
@@ -34,13 +26,12 @@ def cut(text: str, limit: int = REASON_CHARS) -> str:
 
 def safe_str(value: object, limit: int = REASON_CHARS) -> str:
     """``str(value)`` cut to ``limit``, or a stand-in naming its type where ``str`` raises (or
-    returns something else than a string). Never raises."""
+    returns no string). Never raises."""
     return _safely(str, value, limit)
 
 
 def safe_repr(value: object, limit: int = 200) -> str:
-    """``repr(value)`` cut to ``limit``, or a stand-in naming its type where ``repr`` raises.
-    Never raises."""
+    """As :func:`safe_str`, with ``repr``."""
     return _safely(repr, value, limit)
 
 
@@ -57,8 +48,7 @@ def _safely(render: "Callable[[object], str]", value: object, limit: int) -> str
 
 
 def describe(exc: BaseException, limit: int = REASON_CHARS) -> str:
-    """``"TypeName: message"`` of a foreign exception (``"TypeName"`` alone for an empty message),
-    bounded and safe. Never raises."""
+    """``"TypeName: message"`` (``"TypeName"`` for an empty message), bounded. Never raises."""
     name = _type_name(exc)
     message = safe_str(exc, limit)
     return f"{name}: {message}" if message else name
@@ -79,7 +69,7 @@ def printable(text: str) -> str:
         return text
     if not _escapes:
         table = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
-        table.update({c: f"\\u{c:04x}" for c in (*_HIDDEN, *_SURROGATES)})
+        table.update({c: f"\\u{c:04x}" for c in (*_HIDDEN, *range(0xD800, 0xE000))})  # and lone surrogates
         table.update({ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"})
         _escapes.update(table)
     return text.translate(_escapes)
