@@ -1,8 +1,6 @@
 """The shape most families share, written once: a patch deciding with one pure rule over the target's
-code (the live callable for ``check``, a release's source for the decision table) and fixing by
-wrapping the target method. A family writes only its rule (bound by :func:`decides`), its wrapper
-(or the advice, through :func:`around`) and its words; :func:`copies_only` is the fix of a patch
-whose whole change is the engine's rebinding of stale copies (``Reach.stale_values``)."""
+code (live for ``check``, a release's source for the decision table) and fixing by wrapping the
+target method; a family writes only its rule (:func:`decides`), its wrapper (:func:`around`), its words."""
 
 from __future__ import annotations
 
@@ -126,13 +124,9 @@ def rule_patch(
     note: Callable[[UpstreamTree], str | None] | None = None,
     **spec: Any,
 ) -> Patch:
-    """A :class:`Patch` on the target ``rule`` decides on, checked by it on the live code, fixed by
-    ``fix``, decided on a release's files ``reads`` (default: the modules of the target, of the code
-    the rule reads and ``copying_modules``) by ``static`` (default: ``rule``), with the table's
-    ``note`` (default: the ``copying_modules`` that copy the target by ``from ... import``, which
-    ``Reach.copies_in`` rebinds). ``needs``: a global of the target module the fix uses. Its groups:
-    ``opt_in`` (the group enabling an opt-in patch), then the family (the name's first word);
-    ``spec`` holds the other fields (``groups`` given there replace these)."""
+    """A :class:`Patch` on the target ``rule`` decides on: checked by it on the live code, fixed by
+    ``fix``, decided on a release's files by ``static`` (default: ``rule``); ``opt_in``, ``needs``,
+    ``reads``, ``copying_modules`` and ``note``: docs/writing-a-patch.md; ``spec``: the other fields."""
     target = rule.target
     modules = (target.module, *(t.module for t in rule.reading), *copying_modules)
     spec.setdefault("groups", (opt_in, name.partition(".")[0]) if opt_in else (name.partition(".")[0],))

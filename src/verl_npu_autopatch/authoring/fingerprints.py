@@ -10,15 +10,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from verl_npu_autopatch.authoring.patching import (
-    _FUNCTION,
-    _VARIADIC,
-    _parameters,
-    marked_by,
-    normalized_source,
-    parameter_names,
-    signature_text,
-)
+from verl_npu_autopatch.authoring import patching
+from verl_npu_autopatch.authoring.patching import marked_by, normalized_source, parameter_names, signature_text
 from verl_npu_autopatch.authoring.spec import Verdict, unsupported
 
 _Function = ast.FunctionDef | ast.AsyncFunctionDef
@@ -67,7 +60,9 @@ def takes(name: str, expected: tuple[str, ...]) -> Callable[[Callable[..., Verdi
 def definition_defaults(node: _Function) -> dict[str, bool]:
     """Each parameter of a definition → whether a caller may leave it out, as
     :func:`~.patching.parameter_defaults` reads it from a live one."""
-    return {name: default is not None or kind in _VARIADIC for name, kind, default in _parameters(node)}
+    return {
+        name: default is not None or kind in patching._VARIADIC for name, kind, default in patching._parameters(node)
+    }
 
 
 def imports_module_unconditionally(text: str, module: str) -> bool:
@@ -101,7 +96,9 @@ class ModuleSource:
         return self._member(scope, name, set() if bases else None)
 
     def _member(self, scope: ast.ClassDef | ast.Module, name: str, seen: set[str] | None) -> _Function | None:
-        found = next((n for n in _definitions(scope.body) if isinstance(n, _FUNCTION) and n.name == name), None)
+        found = next(
+            (n for n in _definitions(scope.body) if isinstance(n, patching._FUNCTION) and n.name == name), None
+        )
         if found is not None or seen is None or not isinstance(scope, ast.ClassDef):
             return found
         seen.add(scope.name)
@@ -120,7 +117,7 @@ class ModuleSource:
             return None
         start = min([node.lineno, *(d.lineno for d in node.decorator_list)])  # as inspect.getsource reads it
         lines = self.text.splitlines()[start - 1 : node.end_lineno]
-        return Code("".join("\n".join(lines).split()), tuple(name for name, _, _ in _parameters(node)))
+        return Code("".join("\n".join(lines).split()), tuple(name for name, _, _ in patching._parameters(node)))
 
     def binds(self, name: str) -> bool:
         """Whether the module binds ``name`` at top level (def, class, import or assignment)."""
@@ -131,7 +128,7 @@ class ModuleSource:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 bound = [t.id for t in targets if isinstance(t, ast.Name)]
             else:
-                bound = [node.name] if isinstance(node, (ast.ClassDef, *_FUNCTION)) else []
+                bound = [node.name] if isinstance(node, (ast.ClassDef, *patching._FUNCTION)) else []
             if name in bound:
                 return True
         return False
@@ -146,7 +143,7 @@ class ModuleSource:
     def returned_names(self, function: str) -> list[str]:
         """Names a top-level function can ``return`` (``return SomeClass``), in source order."""
         node = self._top(function)
-        if not isinstance(node, _FUNCTION):
+        if not isinstance(node, patching._FUNCTION):
             return []
         return [n.value.id for n in ast.walk(node) if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)]
 
@@ -156,7 +153,7 @@ def _definitions(body: list[ast.stmt]) -> list[Any]:
     return [
         node
         for node in body
-        if isinstance(node, (ast.ClassDef, *_FUNCTION))
+        if isinstance(node, (ast.ClassDef, *patching._FUNCTION))
         and not any(ast.unparse(d).rpartition(".")[2] == "overload" for d in node.decorator_list)
     ]
 
