@@ -62,11 +62,11 @@ def decides(
     """Binds the decorated rule to ``target`` (``module:Class.method``) and the code it reads beside
     it (``reading``, the same form); with ``params`` (``()`` too), code taking other parameters is
     ``unsupported`` naming both signatures (:func:`~.fingerprints.takes`)."""
-    parsed = Target.parse(target)
+    parsed, others = Target.parse(target), tuple(map(Target.parse, reading))
 
     def bind(rule: Callable[..., Verdict]) -> TargetRule:
         checked = rule if params is None else takes(parsed.qualname.rpartition(".")[2], params)(rule)
-        return TargetRule(parsed, checked, tuple(map(Target.parse, reading)))
+        return TargetRule(parsed, checked, others)
 
     return bind
 
