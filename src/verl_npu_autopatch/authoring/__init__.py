@@ -1,11 +1,9 @@
-"""The authoring kit: everything a patch is written with, built-in families and plugins alike.
+"""The authoring kit, one way to write a patch (docs/writing-a-patch.md): ``spec`` declares it,
+``patching`` checks and fixes live code, ``family`` makes the check, fix and static rule from one
+rule over the code ``fingerprints`` reads; ``handover`` is what a fix may ask of the engine,
+``verify_case`` a ``doctor --verify`` case (imports torch). Each name resolves lazily."""
 
-One way to write a patch (docs/writing-a-patch.md): declare it with ``Patch`` and ``Target``
-(``spec``), check and fix the live code with the helpers of ``patching``, or let ``family`` make
-the check, fix and static rule from one rule over the code (``fingerprints``: what a rule reads).
-``HandOver`` is what a fix may ask of the engine; ``verify_case`` the shape of a ``doctor --verify``
-case (imports torch). Every name resolves lazily, from the module named beside it.
-"""
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # what a type checker sees; at run time each name resolves lazily
@@ -44,3 +42,17 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+def _moved(module: str) -> None:
+    """Hand the kit's ``module`` back under its path of before 0.2, ``verl_npu_autopatch.<module>``
+    (until 0.3), with a ``DeprecationWarning`` at the import naming its successor."""
+    import warnings
+    from importlib import import_module
+
+    successor = f"verl_npu_autopatch.authoring.{module}"
+    message = (
+        f"verl_npu_autopatch.{module} moved to {successor} (or import its names from verl_npu_autopatch.authoring)"
+    )
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    sys.modules[f"verl_npu_autopatch.{module}"] = import_module(successor)

@@ -1,10 +1,6 @@
-"""Source fingerprints: what a patch's check rule looks at, read from a live object or a release's files.
-
-A rule is a pure function over :class:`Code` values (whitespace-free source plus parameter names).
-``check`` builds them from the live target (``Code.live``); ``scripts/compat-matrix`` builds them
-with :class:`UpstreamTree` from a downloaded release's source, read with :mod:`ast` and never
-executed. Both therefore run the one implementation of each rule. Standard library only.
-"""
+"""What a patch's rule reads: :class:`Code` (whitespace-free source, parameter names) of a live object
+(``Code.live``, for ``check``) or of a release's files (:class:`UpstreamTree`, for
+``scripts/compat-matrix``, parsed with :mod:`ast`, never run): one implementation of each rule."""
 
 from __future__ import annotations
 
@@ -14,8 +10,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from verl_npu_autopatch.authoring import patching
 from verl_npu_autopatch.authoring.patching import marked_by, normalized_source, parameter_names, signature_text
 from verl_npu_autopatch.authoring.spec import Verdict, unsupported
+
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 class Code(NamedTuple):
@@ -38,17 +37,15 @@ class Code(NamedTuple):
 def params_mismatch(
     code: Code, expected: tuple[str, ...], name: str, expected_name: str | None = None
 ) -> Verdict | None:
-    """``unsupported`` naming both signatures (``name(a, b)``) when ``code`` does not take exactly
-    ``expected``; ``None`` when it does. ``expected_name`` names the expected callable when it
-    differs from ``name`` (a fully qualified one)."""
+    """``unsupported`` naming both signatures (``name(a, b)``; ``expected_name`` for the expected
+    one where it differs) when ``code`` does not take exactly ``expected``, else ``None``."""
     if code.params == expected:
         return None
     return unsupported(f"{expected_name or name}{signature_text(expected)}", f"{name}{signature_text(code.params)}")
 
 
 def takes(name: str, expected: tuple[str, ...]) -> Callable[[Callable[..., Verdict]], Callable[..., Verdict]]:
-    """A rule's signature check, written once: the decorated rule decides only on code taking
-    exactly ``expected``; other code is ``unsupported`` naming both signatures (:func:`params_mismatch`)."""
+    """The decorated rule decides on code taking exactly ``expected`` only (:func:`params_mismatch`)."""
 
     def decorate(rule: Callable[..., Verdict]) -> Callable[..., Verdict]:
         @functools.wraps(rule)
@@ -60,39 +57,23 @@ def takes(name: str, expected: tuple[str, ...]) -> Callable[[Callable[..., Verdi
     return decorate
 
 
-# --------------------------------------------------------------------------- static reading
-def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
-    args = node.args
-    names = [a.arg for a in (*args.posonlyargs, *args.args)]
-    if args.vararg:
-        names.append(args.vararg.arg)
-    names += [a.arg for a in args.kwonlyargs]
-    if args.kwarg:
-        names.append(args.kwarg.arg)
-    return tuple(names)
+def definition_defaults(node: _Function) -> dict[str, bool]:
+    """Each parameter of a definition → whether a caller may leave it out, as
+    :func:`~.patching.parameter_defaults` reads it from a live one."""
+    return {
+        name: default is not None or kind in patching._VARIADIC for name, kind, default in patching._parameters(node)
+    }
 
 
-def definition_defaults(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, bool]:
-    """Each parameter of a definition → whether it has a default (``*args``/``**kw``: ``True``, as
-    a caller may leave them out); what :func:`patching.parameter_defaults` reads from a live one."""
-    args = node.args
-    positional = [*args.posonlyargs, *args.args]
-    found = {a.arg: i >= len(positional) - len(args.defaults) for i, a in enumerate(positional)}
-    found.update({a.arg: d is not None for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)})
-    found.update({a.arg: True for a in (args.vararg, args.kwarg) if a is not None})
-    return found
-
-
-def _overload(node: ast.AST) -> bool:
-    """Whether ``node`` is a ``@typing.overload`` stub (the implementation follows it)."""
-    decorators = getattr(node, "decorator_list", [])
-    return any(ast.unparse(d).rpartition(".")[2] == "overload" for d in decorators)
-
-
-def _definitions(body: list[ast.stmt]) -> list[ast.AST]:
-    """The classes and functions of ``body``, ``@overload`` stubs left out."""
-    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    return [node for node in body if isinstance(node, kinds) and not _overload(node)]
+def imports_module_unconditionally(text: str, module: str) -> bool:
+    """Whether ``text`` (a module's source) imports ``module`` in a top-level statement (not under an
+    ``if``/``try``, not in a function)."""
+    package, _, leaf = module.rpartition(".")
+    return any(
+        (isinstance(node, ast.Import) and any(a.name == module for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and node.module == package and any(a.name == leaf for a in node.names))
+        for node in ast.parse(text).body
+    )
 
 
 class ModuleSource:
@@ -103,68 +84,52 @@ class ModuleSource:
         self.tree = ast.parse(text)
 
     def _top(self, name: str) -> ast.AST | None:
-        for node in _definitions(self.tree.body):
-            if getattr(node, "name", None) == name:
-                return node
-        return None
+        return next((node for node in _definitions(self.tree.body) if node.name == name), None)
 
-    def _segment(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-        """The lines ``inspect.getsource`` would return: decorators through the last body line."""
-        start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-        lines = self.text.splitlines()[start - 1 : node.end_lineno]
-        return "".join("\n".join(lines).split())
-
-    def code(self, qualname: str) -> Code | None:
-        """``Code`` of ``function`` or ``Class.method`` (following base classes defined in this
-        module), or ``None`` when the module does not define it."""
-        *owners, name = qualname.split(".")
-        if not owners:
-            node = self._top(name)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return Code(self._segment(node), _params(node))
-            return None
-        cls = self._top(owners[0])
-        return self._method(cls, name, set()) if isinstance(cls, ast.ClassDef) and len(owners) == 1 else None
-
-    def function_node(self, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-        """The definition of top-level ``function`` or ``Class.method`` (this class only)."""
+    def function_node(self, qualname: str, bases: bool = False) -> _Function | None:
+        """The definition of top-level ``function`` or ``Class.method`` (``bases``: or of a base
+        class defined in this module)."""
         *owners, name = qualname.split(".")
         scope = self._top(owners[0]) if owners else self.tree
         if len(owners) > 1 or not isinstance(scope, (ast.ClassDef, ast.Module)):
             return None
-        for node in _definitions(scope.body):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                return node
+        return self._member(scope, name, set() if bases else None)
+
+    def _member(self, scope: ast.ClassDef | ast.Module, name: str, seen: set[str] | None) -> _Function | None:
+        found = next(
+            (n for n in _definitions(scope.body) if isinstance(n, patching._FUNCTION) and n.name == name), None
+        )
+        if found is not None or seen is None or not isinstance(scope, ast.ClassDef):
+            return found
+        seen.add(scope.name)
+        for base in scope.bases:
+            parent = self._top(base.id) if isinstance(base, ast.Name) and base.id not in seen else None
+            found = self._member(parent, name, seen) if isinstance(parent, ast.ClassDef) else None
+            if found is not None:
+                return found
         return None
 
-    def _method(self, cls: ast.ClassDef, name: str, seen: set[str]) -> Code | None:
-        seen.add(cls.name)
-        for node in _definitions(cls.body):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                return Code(self._segment(node), _params(node))
-        for base in cls.bases:
-            parent = self._top(base.id) if isinstance(base, ast.Name) and base.id not in seen else None
-            if isinstance(parent, ast.ClassDef):
-                found = self._method(parent, name, seen)
-                if found is not None:
-                    return found
-        return None
+    def code(self, qualname: str) -> Code | None:
+        """``Code`` of ``function`` or ``Class.method`` (following base classes defined in this
+        module), or ``None`` when the module does not define it."""
+        node = self.function_node(qualname, bases=True)
+        if node is None:
+            return None
+        start = min([node.lineno, *(d.lineno for d in node.decorator_list)])  # as inspect.getsource reads it
+        lines = self.text.splitlines()[start - 1 : node.end_lineno]
+        return Code("".join("\n".join(lines).split()), tuple(name for name, _, _ in patching._parameters(node)))
 
     def binds(self, name: str) -> bool:
         """Whether the module binds ``name`` at top level (def, class, import or assignment)."""
         for node in self.tree.body:
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                return True
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
-                (a.asname or a.name.split(".")[0]) == name for a in node.names
-            ):
-                return True
-            targets: list[ast.expr] = []
-            if isinstance(node, ast.Assign):
-                targets = node.targets
-            elif isinstance(node, ast.AnnAssign):
-                targets = [node.target]
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound = [a.asname or a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                bound = [t.id for t in targets if isinstance(t, ast.Name)]
+            else:
+                bound = [node.name] if isinstance(node, (ast.ClassDef, *patching._FUNCTION)) else []
+            if name in bound:
                 return True
         return False
 
@@ -178,44 +143,37 @@ class ModuleSource:
     def returned_names(self, function: str) -> list[str]:
         """Names a top-level function can ``return`` (``return SomeClass``), in source order."""
         node = self._top(function)
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if not isinstance(node, patching._FUNCTION):
             return []
-        return [
-            sub.value.id for sub in ast.walk(node) if isinstance(sub, ast.Return) and isinstance(sub.value, ast.Name)
-        ]
+        return [n.value.id for n in ast.walk(node) if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)]
 
 
-def imports_module_unconditionally(text: str, module: str) -> bool:
-    """Whether ``text`` (a module's source) imports ``module`` in a top-level statement, i.e. not
-    under an ``if``/``try`` or inside a function."""
-    package, _, leaf = module.rpartition(".")
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
-            return True
-        if isinstance(node, ast.ImportFrom) and node.module == package and any(a.name == leaf for a in node.names):
-            return True
-    return False
+def _definitions(body: list[ast.stmt]) -> list[Any]:
+    """The classes and functions of ``body``, ``@typing.overload`` stubs left out."""
+    return [
+        node
+        for node in body
+        if isinstance(node, (ast.ClassDef, *patching._FUNCTION))
+        and not any(ast.unparse(d).rpartition(".")[2] == "overload" for d in node.decorator_list)
+    ]
 
 
 class UpstreamTree:
-    """A release's source files laid out as in the installed packages (``vllm_ascend/...``,
-    ``vllm/...``), possibly spread over several roots, plus the versions they come from."""
+    """A release's source files laid out as installed (``vllm_ascend/...``, ``vllm/...``), possibly
+    over several roots, and the versions they come from."""
 
     def __init__(self, roots: Iterable[Path], versions: dict[str, str]) -> None:
         self.roots = tuple(Path(r) for r in roots)
         self.versions = dict(versions)
         self._cache: dict[str, ModuleSource | None] = {}
 
-    def _path(self, module: str) -> Path | None:
-        relative = module.replace(".", "/")
-        for root in self.roots:
-            for candidate in (root / f"{relative}.py", root / relative / "__init__.py"):
-                if candidate.is_file():
-                    return candidate
-        return None
-
     def has_module(self, module: str) -> bool:
         return self._path(module) is not None
+
+    def _path(self, module: str) -> Path | None:
+        relative = module.replace(".", "/")
+        candidates = ((root / f"{relative}.py", root / relative / "__init__.py") for root in self.roots)
+        return next((path for pair in candidates for path in pair if path.is_file()), None)
 
     def module(self, module: str) -> ModuleSource | None:
         """The parsed source of ``module``, or ``None`` when the release lacks it."""
@@ -230,8 +188,8 @@ class UpstreamTree:
 
     def judge(self, module: str, qualname: str, rule: Callable[[Code], Verdict]) -> Verdict:
         """``rule`` on ``module:qualname``'s code, or ``unsupported`` when the release lacks it."""
-        source = self.module(module)
-        code = None if source is None else source.code(qualname)
+        code = self.code(module, qualname)
         if code is None:
-            return unsupported(f"{module}:{qualname}", "no such module" if source is None else f"{module} without it")
+            found = "no such module" if self.module(module) is None else f"{module} without it"
+            return unsupported(f"{module}:{qualname}", found)
         return rule(code)

@@ -1,8 +1,5 @@
-"""The hand-over interface a fix receives as ``site.handover``: what a patch family that arbitrates
-with other patches (Liger-Kernel's, verl's) may ask of the engine applying it, and nothing else.
-
-The engine implements it; tests and plugin authors may pass any object with these methods.
-"""
+"""What a fix may ask of the engine applying it (``site.handover``), for families that arbitrate with
+other patches (Liger-Kernel's, verl's); the engine implements it, tests may pass any such object."""
 
 from __future__ import annotations
 
@@ -19,18 +16,13 @@ class HandOver(Protocol):
 
     def record(self, name: str) -> Record | None:
         """A copy of patch ``name``'s record as it stands, or ``None`` for an unknown name."""
-        ...
 
     def note(self, name: str, text: str) -> None:
         """Add ``text`` to the reason of patch ``name`` while it is applied."""
-        ...
 
     def yield_to(self, name: str, owner: str) -> bool:
-        """Hand patch ``name``'s target to ``owner``: undo it if applied, record ``yielded``.
-        Returns whether it was applied before."""
-        ...
+        """Hand patch ``name``'s target to ``owner``: undo it if applied (the result), record ``yielded``."""
 
     def reapply(self, name: str, when: Callable[[Any], bool]) -> bool:
-        """Decide and apply patch ``name`` afresh when ``when(live value)`` holds for what another
-        owner put over our installed value. Returns whether ``name`` is applied now."""
-        ...
+        """Decide and apply ``name`` afresh where ``when(value)`` holds for another owner's value over
+        ours; whether ``name`` is applied now."""

@@ -42,14 +42,17 @@ __all__ = [
 
 #: Attribute set on everything a fix installs; its value is the patch name.
 MARKER = "__verl_npu_autopatch__"
-#: Set next to ``MARKER``: the marked function itself. ``functools.wraps`` copies a function's
-#: ``__dict__`` into its wrapper, so someone else's wrapper around ours (verl's) carries our
-#: ``MARKER`` too; only this back-reference tells the marked function from such a wrapper.
+#: Set beside ``MARKER``: the marked function itself. ``functools.wraps`` copies ``__dict__``, so
+#: another owner's wrapper around ours carries ``MARKER`` too; this back-reference tells them apart.
 _MARKED = "__verl_npu_autopatch_function__"
-
 #: "No such attribute in the owner's own ``__dict__``" for :func:`own_value` / :func:`set_attribute`.
 ABSENT: Any = object()
 _READ: Any = object()
+_FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+_STARS: dict[Any, str] = dict(zip(_VARIADIC, ("*", "**"), strict=True))
+#: The first line of a definition, as ``inspect.findsource`` recognises one.
+_DEFINITION = re.compile(r"^(\s*def\s)|(\s*async\s+def\s)|(.*(?<!\w)lambda(:|\s))|^(\s*@)")
 
 
 def underlying(obj: Any) -> Any:
@@ -66,12 +69,9 @@ def mark(obj: Any, patch_name: str) -> Any:
 
 
 def marked_by(obj: Any) -> str | None:
-    """The patch name ``obj`` was marked with, or ``None`` (also for another owner's
-    ``functools.wraps`` wrapper around a marked function)."""
+    """The patch name ``obj`` was marked with, or ``None`` (also for another owner's wrapper of it)."""
     func = underlying(obj)
-    if getattr(func, _MARKED, None) is not func:
-        return None
-    return getattr(func, MARKER, None)
+    return getattr(func, MARKER, None) if getattr(func, _MARKED, None) is func else None
 
 
 def own_value(owner: Any, name: str) -> Any:
@@ -80,15 +80,10 @@ def own_value(owner: Any, name: str) -> Any:
 
 
 def set_attribute(owner: Any, name: str, value: Any, original: Any = _READ) -> Undo:
-    """Set ``owner.name = value`` and return an undo that restores exactly what was there.
-
-    The original is read from ``owner.__dict__`` where it has one, so an inherited attribute is
-    removed again on undo rather than copied down, and a ``staticmethod`` stays a ``staticmethod``.
-    Pass ``original`` (from :func:`own_value`, :data:`ABSENT` for none) when something else already
-    replaced the attribute before the fix runs (an upstream module the fix imports assigns it).
-    The undo acts only while ``value`` is still in place: it never clobbers a later owner of the
-    attribute (e.g. Liger-Kernel rebinding the same name after us).
-    """
+    """Set ``owner.name = value``; the undo restores exactly what ``owner.__dict__`` held (so an
+    inherited attribute is removed again, a ``staticmethod`` stays one), or ``original`` when given
+    (:func:`own_value` before something else replaced it), and only while ``value`` is still there:
+    it never clobbers a later owner (Liger-Kernel rebinding the name after us)."""
     if original is _READ:
         original = own_value(owner, name)
     setattr(owner, name, value)
@@ -96,13 +91,13 @@ def set_attribute(owner: Any, name: str, value: Any, original: Any = _READ) -> U
     def undo() -> None:
         if own_value(owner, name) is not value:
             return
-        if original is ABSENT:
-            try:
-                delattr(owner, name)
-            except AttributeError:  # already gone (e.g. another owner deleted it): nothing to undo
-                pass
-        else:
+        if original is not ABSENT:
             setattr(owner, name, original)
+            return
+        try:
+            delattr(owner, name)
+        except AttributeError:  # already gone (e.g. another owner deleted it): nothing to undo
+            pass
 
     return undo
 
@@ -113,10 +108,8 @@ def set_marked(owner: Any, name: str, value: Any, patch_name: str, original: Any
 
 
 def set_entry(table: dict, key: Any, value: Any) -> Undo:
-    """Set ``table[key] = value`` (a dispatch table's entry) and return an undo that puts back
-    what was there, only while ``value`` is still in place."""
-    original = table[key]
-    table[key] = value
+    """Set ``table[key] = value``; the undo puts back what was there, only while ``value`` is."""
+    original, table[key] = table[key], value
 
     def undo() -> None:
         if table.get(key) is value:
@@ -135,32 +128,36 @@ def chain(*undos: Undo) -> Undo:
     return undo
 
 
-def normalized_source(obj: Any) -> str | None:
-    """The source of ``obj`` with all whitespace removed, or ``None`` when it has no source.
+def replace_method(owner: Any, name: str, make: Callable[[Any], Any], patch_name: str) -> Undo:
+    """Replace ``owner.name`` by ``make(original)`` (``make`` receives the plain function), marked
+    with ``patch_name``, of the original's kind (``staticmethod``/``classmethod``)."""
+    raw = inspect.getattr_static(owner, name)
+    kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+    replacement = mark(make(raw.__func__ if kind else raw), patch_name)
+    return set_attribute(owner, name, kind(replacement) if kind else replacement)
 
-    For a class: the sources of the functions it defines, joined in definition order. Each is
-    read from the function's own lines; ``inspect.getsource(cls)`` would re-parse the whole
-    module on every call before Python 3.13 (0.2 s for a transformers modeling module).
-    """
+
+def normalized_source(obj: Any) -> str | None:
+    """The source of ``obj`` without whitespace, or ``None`` when it has none; for a class, its
+    functions' sources joined in definition order (``inspect.getsource(cls)`` would parse the whole
+    module on every call before Python 3.13: 0.2 s for a transformers modeling module)."""
     obj = underlying(obj)
     if isinstance(obj, type):
-        parts = [normalized_source(_function_of(v)) for v in vars(obj).values() if _function_of(v) is not None]
-        found = [p for p in parts if p]
+        values = (getattr(v, "fget", None) if isinstance(v, property) else underlying(v) for v in vars(obj).values())
+        found = [source for v in values if inspect.isfunction(v) and (source := normalized_source(v))]
         return "".join(found) if found else None
     try:  # inspect reads what ``__wrapped__`` leads to: so does the cache
         code = getattr(inspect.unwrap(obj), "__code__", None)
     except ValueError:  # a ``__wrapped__`` cycle, which inspect cannot read either
         return None
-    if isinstance(code, types.CodeType):  # one reading per function body: a check and its fix both read it
-        return _code_source(code)
-    return _inspected(obj)
+    return _code_source(code) if isinstance(code, types.CodeType) else _inspected(obj)
 
 
 @functools.lru_cache(maxsize=4096)
 def _code_source(code: types.CodeType) -> str | None:
-    """The whitespace-free source of a function's code, read once (a reload makes new code): the
-    block at its first line, as ``inspect.getsource`` reads it, without inspect's first look-up of
-    the module, which scans every loaded module (about 20 ms in a vLLM process)."""
+    """A function's whitespace-free source, read once per code object: the block at its first line,
+    as ``inspect.getsource`` reads it, without inspect's look-up of the module through every loaded
+    one (about 20 ms in a vLLM process)."""
     lines = linecache.getlines(code.co_filename)
     start = code.co_firstlineno - 1
     if 0 <= start < len(lines) and _DEFINITION.match(lines[start]):
@@ -172,26 +169,14 @@ def _code_source(code: types.CodeType) -> str | None:
 
 
 def _inspected(obj: Any) -> str | None:
-    """``inspect.getsource(obj)`` without whitespace, or ``None`` when it has no source."""
     try:
         return "".join(inspect.getsource(obj).split())
     except (OSError, TypeError):  # no source (built-in, C extension, REPL): the caller says so
         return None
 
 
-#: The first line of a definition, as ``inspect.findsource`` recognises one.
-_DEFINITION = re.compile(r"^(\s*def\s)|(\s*async\s+def\s)|(.*(?<!\w)lambda(:|\s))|^(\s*@)")
-
-
-def _function_of(value: Any) -> Any:
-    """The plain function behind a class attribute (method, static/class method, property)."""
-    value = getattr(value, "fget", None) if isinstance(value, property) else underlying(value)
-    return value if inspect.isfunction(value) else None
-
-
 def signature_of(obj: Any) -> inspect.Signature | None:
-    """The signature of a callable (of the function inside a static/class method), or ``None``
-    when it has none to inspect."""
+    """The signature of a callable (inside a static/class method), or ``None`` when it has none."""
     try:
         return inspect.signature(underlying(obj))
     except (TypeError, ValueError):  # no inspectable signature (some built-ins): the caller says so
@@ -205,102 +190,78 @@ def parameter_names(obj: Any) -> tuple[str, ...] | None:
 
 
 def parameter_defaults(obj: Any) -> dict[str, bool] | None:
-    """Each parameter of a callable → whether a caller may leave it out (it has a default, or is
-    ``*args``/``**kw``), or ``None`` when it has no inspectable signature."""
+    """Each parameter of a callable → whether a caller may leave it out (a default, ``*args``,
+    ``**kw``), or ``None`` when it has no inspectable signature."""
     signature = signature_of(obj)
     if signature is None:
         return None
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    return {n: p.default is not p.empty or p.kind in variadic for n, p in signature.parameters.items()}
-
-
-_STARS: dict[Any, str] = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    return {n: p.default is not p.empty or p.kind in _VARIADIC for n, p in signature.parameters.items()}
 
 
 def signature_text(params: Iterable[str] | inspect.Signature | None) -> str:
-    """The one rendering of a signature for reports: ``(a, b, c)`` from parameter names; from an
-    ``inspect.Signature``, ``(a, b=1, *, c, **kw)`` without annotations (defaults as ``repr``,
-    keyword-only and variadic parameters with their ``*`` markers, so a changed kind shows);
-    ``(unknown)`` when there is no signature."""
-    if params is None:
-        return "(unknown)"
-    if not isinstance(params, inspect.Signature):
-        return f"({', '.join(params)})"
+    """A signature for reports: ``(a, b)`` from names; from a ``Signature``, ``(a, b=1, *, c, **kw)``
+    (defaults as ``repr``, no annotations, kinds marked); ``(unknown)`` for none."""
+    if params is None or not isinstance(params, inspect.Signature):
+        return "(unknown)" if params is None else f"({', '.join(params)})"
     parts, star = [], False
     for p in params.parameters.values():
         if p.kind is p.KEYWORD_ONLY and not star:
             parts.append("*")
-            star = True
-        star = star or p.kind is p.VAR_POSITIONAL
+        star = star or p.kind in (p.KEYWORD_ONLY, p.VAR_POSITIONAL)
         parts.append(_STARS.get(p.kind, "") + p.name + ("" if p.default is p.empty else f"={safe_repr(p.default)}"))
     return f"({', '.join(parts)})"
 
 
-def signature_from_ast(node: ast.FunctionDef | ast.AsyncFunctionDef) -> inspect.Signature:
-    """The signature a parsed definition declares (no annotations); raises ``ValueError`` for a
-    default that is not a literal."""
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[str, Any, ast.expr | None]]:
+    """``(name, kind, default expression or None)`` of each parameter a parsed definition declares."""
     args, kind = node.args, inspect.Parameter
     positional = [*args.posonlyargs, *args.args]
     defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
     kinds = [kind.POSITIONAL_ONLY] * len(args.posonlyargs) + [kind.POSITIONAL_OR_KEYWORD] * len(args.args)
-    params = [_parameter(a.arg, k, d) for a, k, d in zip(positional, kinds, defaults, strict=True)]
-    if args.vararg:
-        params.append(kind(args.vararg.arg, kind.VAR_POSITIONAL))
-    params += [_parameter(a.arg, kind.KEYWORD_ONLY, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
-    if args.kwarg:
-        params.append(kind(args.kwarg.arg, kind.VAR_KEYWORD))
-    return inspect.Signature(params)
+    found: list[tuple[str, Any, ast.expr | None]] = list(zip([a.arg for a in positional], kinds, defaults, strict=True))
+    found += [(args.vararg.arg, kind.VAR_POSITIONAL, None)] if args.vararg else []
+    found += [(a.arg, kind.KEYWORD_ONLY, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+    return found + ([(args.kwarg.arg, kind.VAR_KEYWORD, None)] if args.kwarg else [])
 
 
-def _parameter(name: str, kind: Any, default: ast.expr | None) -> inspect.Parameter:
-    if default is None:
-        return inspect.Parameter(name, kind)
-    return inspect.Parameter(name, kind, default=ast.literal_eval(default))
+def signature_from_ast(node: ast.FunctionDef | ast.AsyncFunctionDef) -> inspect.Signature:
+    """The signature a parsed definition declares (no annotations); ``ValueError`` for a default
+    that is not a literal."""
+    empty = inspect.Parameter.empty
+    return inspect.Signature(
+        [inspect.Parameter(n, k, default=empty if d is None else ast.literal_eval(d)) for n, k, d in _parameters(node)]
+    )
 
 
 def definition(obj: Any) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | None:
-    """The parsed definition of a live function or class (its own source lines, dedented), or
-    ``None`` when it has no readable source."""
+    """The parsed definition of a live function or class, or ``None`` without readable source."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(underlying(obj))))
     except (OSError, TypeError, SyntaxError):  # no readable or parsable source: the caller says so
         return None
     node = tree.body[0] if tree.body else None
-    return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+    return node if isinstance(node, (*_FUNCTION, ast.ClassDef)) else None
 
 
 def statements(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
     """The statements of a function's body without its docstring."""
     body = list(node.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    return body
+    docstring = body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+    return body[1:] if docstring else body
 
 
 def describe(obj: Any) -> str:
     """Short human name of a callable for reports: ``module.qualname``."""
     func = underlying(obj)
-    module = getattr(func, "__module__", None) or "?"
-    return f"{module}.{getattr(func, '__qualname__', type(func).__name__)}"
+    return f"{getattr(func, '__module__', None) or '?'}.{getattr(func, '__qualname__', type(func).__name__)}"
 
 
 def origin(obj: Any) -> str:
-    """Where a callable was really written, as ``module.qualname``: read from its code object and
-    globals, which ``functools.wraps`` does not copy (unlike ``__module__``/``__qualname__``), so a
-    wrapper installed by someone else is named by its own module, not by the function it wraps.
-    Falls back to :func:`describe` for callables without Python code."""
+    """Where a callable was written, ``module.qualname``, read from its code and globals, which
+    ``functools.wraps`` does not copy: another owner's wrapper is named by its own module
+    (:func:`describe` for callables without Python code)."""
     func = underlying(obj)
     code, namespace = getattr(func, "__code__", None), getattr(func, "__globals__", None)
     if code is None or not isinstance(namespace, dict):
         return describe(obj)
     return f"{namespace.get('__name__') or '?'}.{getattr(code, 'co_qualname', code.co_name)}"
-
-
-def replace_method(owner: Any, name: str, make: Callable[[Any], Any], patch_name: str) -> Undo:
-    """Replace ``owner.name`` by ``make(original)``, marked with ``patch_name``; keeps the
-    ``staticmethod``/``classmethod`` kind of the original. ``make`` receives the plain function."""
-    raw = inspect.getattr_static(owner, name)
-    kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
-    func = raw.__func__ if kind else raw
-    replacement = mark(make(func), patch_name)
-    return set_attribute(owner, name, kind(replacement) if kind else replacement)

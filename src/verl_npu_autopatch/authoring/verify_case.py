@@ -1,9 +1,6 @@
-"""What a ``doctor --verify`` case is, shared by the families that have one
-(``transformers_npu.verify_cases``, ``ascend_glm52.verify_case``): the tiny dimensions, a
-:class:`Case` (patched and upstream callables and a builder of one call's arguments), the live
-target resolved, the upstream callable a replacement wraps, and a module's parameters placed.
-Imported by :mod:`verl_npu_autopatch.cli.verify` (through those modules) only: it imports torch.
-"""
+"""What a ``doctor --verify`` case is, for the families that have one (``transformers_npu``,
+``ascend_glm52``): tiny dimensions, a :class:`Case`, the live target and the upstream callable it
+wraps, a module's parameters placed. Imported through those families by ``cli.verify`` only: torch."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ class Unverifiable(Exception):
 
 @dataclass
 class Call:
-    """One call's arguments (an instance first for a method) and the leaves whose gradients are
-    compared (inputs and parameters that train)."""
+    """One call's arguments (an instance first for a method) and the leaves whose gradients are compared."""
 
     args: tuple[Any, ...]
     leaves: list[torch.Tensor]
@@ -35,9 +31,8 @@ class Call:
 
 @dataclass
 class Case:
-    """One applied kernel patch: ``patched`` and ``upstream`` take the same arguments, built by
-    ``make``; ``inputs`` describes them for the report; ``trains``: compared backward too (else
-    forward only, without autograd: inference code)."""
+    """One applied kernel patch: ``patched`` and ``upstream`` take the arguments ``make`` builds;
+    ``inputs`` describes them; ``trains``: backward compared too (else forward only, no autograd)."""
 
     name: str
     patched: Callable[..., Any]
@@ -62,8 +57,7 @@ def resolve(target: str) -> tuple[Any, Any]:
 
 
 def replaced(name: str, value: Any) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
-    """``(patched, upstream)`` when the live ``value`` is patch ``name``'s replacement: the
-    upstream callable is the one it wraps (``__wrapped__``, the saved original)."""
+    """``(patched, upstream)`` when the live ``value`` is patch ``name``'s replacement of ``__wrapped__``."""
     if marked_by(value) == name and callable(getattr(value, "__wrapped__", None)):
         return value, value.__wrapped__
     return None
@@ -78,6 +72,5 @@ def placed(module: torch.nn.Module, dtype: torch.dtype, device: torch.device, no
     """``module`` with random parameters (norm scales around 1) in ``dtype`` on ``device``."""
     with torch.no_grad():
         for param in module.parameters():
-            fresh = torch.rand(param.shape) + 0.5 if norm else torch.randn(param.shape) * 0.2
-            param.copy_(fresh)
+            param.copy_(torch.rand(param.shape) + 0.5 if norm else torch.randn(param.shape) * 0.2)
     return module.to(device=device, dtype=dtype)
