@@ -48,7 +48,6 @@ from verl_npu_autopatch.authoring import (
     StaticRule,
     Target,
     Undo,
-    UpstreamTree,
     Verdict,
     describe,
     parameter_names,
@@ -58,6 +57,10 @@ from verl_npu_autopatch.authoring import (
 )
 from verl_npu_autopatch.engine import log
 from verl_npu_autopatch.patches._verl import WEIGHT_LOADER_MARKER, claim, over_verl, peel
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: the kit's static reading is not loaded at activation
+    from verl_npu_autopatch.authoring import UpstreamTree
 
 #: The parameter names the wrapper is written for (identical in vLLM 0.13 ... 0.33).
 #: Where the loader lives: the first variant present wins (see above).

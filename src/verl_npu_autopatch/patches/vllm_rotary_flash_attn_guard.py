@@ -51,7 +51,6 @@ from verl_npu_autopatch.authoring import (
     StaticRule,
     Target,
     Undo,
-    UpstreamTree,
     Verdict,
     definition,
     describe,
@@ -65,6 +64,10 @@ from verl_npu_autopatch.authoring import (
     unsupported,
 )
 from verl_npu_autopatch.patches._verl import verl_owned
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: the kit's static reading is not loaded at activation
+    from verl_npu_autopatch.authoring import UpstreamTree
 
 TARGET = Target.parse("vllm.model_executor.layers.rotary_embedding.common:ApplyRotaryEmb.__init__")
 #: The upstream signature the replacement reproduces (unchanged in vLLM 0.13 ... 0.33).
