@@ -1,13 +1,11 @@
 """Ownership: where each applied patch installed what, re-checked against the live attribute.
 
 An ``applied`` record is a claim about the live attribute. :func:`recheck` re-checks it whenever a
-record is read: if our installed value is no longer what the target (or an enclosing callable
-the target is only reached through, ``Reach.via``) holds, the record becomes ``yielded`` when one
-of the patch's ``yields_to`` detectors recognises the new owner, else ``superseded`` naming it
-(``module.qualname``), or ``superseded: module reloaded`` when the module was re-executed or
-replaced in ``sys.modules``. :class:`Reexecutions` answers ``importlib.reload`` of a patched module
-and fresh imports of its name (wrapt's hooks fire once per name), through the start-up observer:
-the engine applies the fix again.
+record is read: if our value is no longer what the target (or an enclosing callable it is only
+reached through, ``Reach.via``, or a further declared site) holds, the record becomes ``yielded``
+when one of the patch's ``yields_to`` detectors recognises the new owner, else ``superseded``
+naming it, or ``superseded: module reloaded``. :class:`Reexecutions` answers re-executions of a
+patched module (wrapt's hooks fire once per name), so the engine applies the fix again.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any, Literal
 
@@ -29,7 +27,6 @@ if TYPE_CHECKING:
     from verl_npu_autopatch.engine.records import RecordState
 
 __all__ = [
-    "RECHECKED_STATES",
     "THROUGH_TARGET",
     "Checks",
     "Footprint",
@@ -39,13 +36,11 @@ __all__ = [
     "enclosing_owner",
     "installation",
     "is_ours",
-    "live_module",
     "lookup",
     "missing",
     "reached_through_target",
     "recheck",
     "site_value",
-    "via_targets",
     "yielded_reason",
 ]
 
@@ -53,21 +48,17 @@ __all__ = [
 #: value the fix left there (an experts implementation the target's dispatcher looks up).
 THROUGH_TARGET = "verl_npu_autopatch_through_target"
 
-#: Record states a re-check may move between (``applied`` and the displaced states).
-RECHECKED_STATES: tuple[RecordState, ...] = ("applied", "superseded", "yielded")
-
-#: What :func:`recheck` checks on the target of an :class:`Footprint`: ``ours``, the fix
-#: replaced it and any other value there displaces us; ``through``, the fix installed elsewhere
-#: and runs only through upstream's value left there, which any value but one of ours displaces;
-#: ``reload``, the fix installed elsewhere and is checked for reloads only.
+#: What :func:`recheck` expects of a :class:`Footprint`'s target: ``ours``, the fix replaced it and
+#: any other value displaces us; ``through``, the fix installed elsewhere and runs only through
+#: upstream's value left there, which any value but one of ours displaces; ``reload``, the fix
+#: installed elsewhere and is checked for reloads only.
 Checks = Literal["ours", "through", "reload"]
 
 
 class Footprint:
-    """What an applied patch left where: ``owner.attribute`` holding ``value`` on ``module`` (as
-    executed under ``spec``; ``checks`` says what verification expects of it), the raw value
-    of each enclosing callable it is reached through, and the value it left at each further
-    declared site it changed (``also``, keyed ``module:path``: :func:`declared_values`)."""
+    """What an applied patch left where: ``owner.attribute`` holding ``value`` on ``module`` (executed
+    under ``spec``), the raw value of each enclosing callable it is reached through (``via``), and
+    the value it left at each further declared site it changed (``also``, keyed ``module:path``)."""
 
     def __init__(
         self,
@@ -78,19 +69,16 @@ class Footprint:
         attribute: str,
         value: Any,
         reason: str,
-        via: dict[Target, Any] | None = None,
-        checks: Checks = "ours",
-        also: dict[str, Any] | None = None,
+        via: dict[Target, Any],
+        checks: Checks,
+        also: dict[str, Any],
     ) -> None:
         self.target, self.module, self.spec, self.owner, self.attribute = target, module, spec, owner, attribute
-        self.value, self.reason, self.checks = value, reason, checks
-        self.via: dict[Target, Any] = {} if via is None else via
-        self.also: dict[str, Any] = {} if also is None else also
+        self.value, self.reason, self.via, self.checks, self.also = value, reason, via, checks, also
 
 
 def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
-    """``(holder, raw attribute)`` of ``qualname`` in ``module``, or ``None`` when it is missing
-    (:func:`missing` says why)."""
+    """``(holder, raw attribute)`` of ``qualname`` in ``module``, or ``None`` when it is missing."""
     found = _walk(module, qualname)
     return found if isinstance(found, tuple) else None
 
@@ -102,9 +90,8 @@ def missing(module: ModuleType, qualname: str) -> str:
 
 
 def _walk(module: ModuleType, qualname: str) -> tuple[Any, Any] | str:
-    """The one dotted-name walk: ``(holder, raw attribute)``, or why the walk stopped. The last
-    part is read with ``getattr_static`` (a ``staticmethod`` stays one); a part that is present
-    but ``None`` counts as missing."""
+    """``(holder, raw attribute)``, or why the walk stopped. The last part is read with
+    ``getattr_static`` (a ``staticmethod`` stays one); a part that is ``None`` counts as missing."""
     holder: Any = module
     parts = qualname.split(".")
     for depth, part in enumerate(parts):
@@ -140,14 +127,12 @@ def declared_values(patch: Patch) -> dict[str, Any]:
     ``triggers`` unless it declares ``stale``, ``computed`` and ``copies`` found live) -> its raw
     live value, keyed ``module:path``; a site whose module is not imported is left out."""
     values = {}
-    for target in (
-        *patch.reach.secondary,
-        *(patch.targets if patch.reach.triggers and patch.reach.stale_values is None else ()),
-    ):
+    reach = patch.reach
+    for target in (*reach.secondary, *(patch.targets if reach.triggers and reach.stale_values is None else ())):
         module = sys.modules.get(target.module)
         if module is not None:
             values[str(target)] = site_value(module, target.qualname)
-    for family in patch.reach.computed:
+    for family in reach.computed:
         live = sys.modules.get(family.module)
         if live is not None:
             values.update({f"{family.module}:{path}": site_value(live, path) for path in family.find(live)})
@@ -155,17 +140,13 @@ def declared_values(patch: Patch) -> dict[str, Any]:
 
 
 def _lookup_in(target: Target, module: ModuleType) -> tuple[Any, Any] | None:
-    """:func:`lookup` of ``target`` in its own module: ``module`` when that is the one, else the
-    imported module of that name (``None`` while it is not imported)."""
-    if target.module != module.__name__:
-        other = sys.modules.get(target.module)
-        return None if other is None else lookup(other, target.qualname)
-    return lookup(module, target.qualname)
+    """:func:`lookup` of ``target`` in ``module`` when that is its module, else in its imported module."""
+    live = module if target.module == module.__name__ else sys.modules.get(target.module)
+    return None if live is None else lookup(live, target.qualname)
 
 
-def via_targets(patch: Patch, target: Target) -> tuple[Target, ...]:
-    """The enclosing callables of ``patch`` that apply to the chosen variant ``target``
-    (a variant that *is* the enclosing callable is not reached through itself)."""
+def _via_targets(patch: Patch, target: Target) -> tuple[Target, ...]:
+    """The enclosing callables of ``patch`` for the chosen variant ``target`` (not itself)."""
     return tuple(v for v in patch.reach.via if (v.module, v.qualname) != (target.module, target.qualname))
 
 
@@ -178,26 +159,38 @@ def detect(patch: Patch, site: Site) -> str | None:
     return None
 
 
+def _owner(
+    patch: Patch,
+    target: Target,
+    module: ModuleType,
+    found: tuple[Any, Any],
+    versions: Mapping[str, str | None],
+    engine: Any,
+) -> str | None:
+    """:func:`detect` at ``target`` in ``module``, where ``found`` is ``(holder, live value)``."""
+    attribute = target.qualname.rpartition(".")[2]
+    return detect(patch, Site(patch, target, module, found[0], attribute, found[1], dict(versions), engine))
+
+
 def reached_through_target(undo: Any) -> Any:
-    """Mark the undo of a fix that left its target untouched but runs only through it, so
-    another owner replacing the target displaces the fix (see :func:`installation`)."""
+    """Mark the undo of a fix that left its target untouched but runs only through it, so another
+    owner replacing the target displaces the fix (see :func:`installation`)."""
     setattr(undo, THROUGH_TARGET, True)
     return undo
 
 
 def installation(site: Site, reason: str, undo: Any = None) -> Footprint:
-    """Remember what the fix left at ``site`` (read back live), the enclosing callables' values
-    now, and the ``applied`` reason (restored if our value comes back). A fix that left the
-    target itself untouched (it installs elsewhere) is checked for reloads only, unless its undo
-    says it is reached only through the target (:func:`reached_through_target`): then the value
-    left there is remembered, and another owner replacing it displaces the fix."""
+    """What the fix left at ``site`` (read back live), the enclosing callables' values now, and the
+    ``applied`` reason (restored if our value comes back). A fix that left the target untouched is
+    checked for reloads only, unless its undo says it is reached only through the target
+    (:func:`reached_through_target`): then another owner replacing that value displaces it."""
     found = lookup(site.module, site.target.qualname)
     owner, value = found if found is not None else (site.owner, site.value)
     checks: Checks = "ours"
     if value is site.value and marked_by(value) != site.patch.name:  # the target holds upstream's value
         checks = "through" if getattr(undo, THROUGH_TARGET, False) else "reload"
     via = {}
-    for target in via_targets(site.patch, site.target):
+    for target in _via_targets(site.patch, site.target):
         enclosing = _lookup_in(target, site.module)
         if enclosing is not None:
             via[target] = enclosing[1]
@@ -208,9 +201,8 @@ def installation(site: Site, reason: str, undo: Any = None) -> Footprint:
 
 
 def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver | None) -> tuple[RecordState, str]:
-    """``(state, reason)`` of an applied patch against the live modules: ``applied`` (with the
-    reason it was applied) while our value is still what runs, else ``yielded`` / ``superseded``
-    naming the live owner."""
+    """``(state, reason)`` of an applied patch against the live modules: ``applied`` while our value is
+    still what runs, else ``yielded`` / ``superseded`` naming the live owner."""
     name = installed.target.module
     live = sys.modules.get(name)
     if live is None:
@@ -220,39 +212,11 @@ def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver
     found = lookup(live, installed.target.qualname)
     if found is None:
         return "superseded", f"{installed.target} no longer exists"
-    holder, value = found
-    replaced = installed.checks != "reload" and value is not installed.value
-    if replaced and not (installed.checks == "through" and is_ours(value)):
-        site = Site(patch, installed.target, live, holder, installed.attribute, value, dict(versions), engine)
-        other = detect(patch, site)
-        if other:
-            return "yielded", f"target owned by {other}"
-        return "superseded", f"replaced by {origin(value)}"
-    displaced = _displaced_site(patch, versions, installed, engine)
-    if displaced is not None:
-        return displaced
-    for target, before in installed.via.items():
-        enclosing = _lookup_in(target, live)
-        if enclosing is None:
-            return "superseded", f"enclosing {target.qualname} no longer exists"
-        holder, value = enclosing
-        if value is before or is_ours(value):
-            continue
-        module = sys.modules.get(target.module, live)
-        site = Site(patch, target, module, holder, target.qualname.rpartition(".")[2], value, dict(versions), engine)
-        other = detect(patch, site)
-        if other:
-            return "yielded", f"target owned by {other} (only reached through {target.qualname})"
-        return "superseded", f"only reached through {target.qualname}, now {origin(value)}"
-    return "applied", installed.reason
-
-
-def _displaced_site(
-    patch: Patch, versions: dict, installed: Footprint, engine: HandOver | None
-) -> tuple[RecordState, str] | None:
-    """``(state, reason)`` when a further declared site the fix changed no longer holds our
-    value (another owner's: ``yielded`` when a detector recognises it), else ``None``."""
-    for where, before in installed.also.items():
+    replaced = installed.checks != "reload" and found[1] is not installed.value
+    if replaced and not (installed.checks == "through" and is_ours(found[1])):
+        other = _owner(patch, installed.target, live, found, versions, engine)
+        return ("yielded", f"target owned by {other}") if other else ("superseded", f"replaced by {origin(found[1])}")
+    for where, before in installed.also.items():  # a further declared site the fix changed
         module_name, _, path = where.partition(":")
         module = sys.modules.get(module_name)
         value = ABSENT if module is None else site_value(module, path)
@@ -260,15 +224,22 @@ def _displaced_site(
             continue
         if module is None or value is ABSENT:
             return "superseded", f"also changes {where}, which no longer exists"
-        found = lookup(module, path) if "[" not in path else None
-        if found is not None:
-            target = Target(module_name, path)
-            site = Site(patch, target, module, found[0], path.rpartition(".")[2], value, dict(versions), engine)
-            other = detect(patch, site)
-            if other:
-                return "yielded", f"target owned by {other} (also changes {where})"
+        at = lookup(module, path) if "[" not in path else None
+        other = None if at is None else _owner(patch, Target(module_name, path), module, at, versions, engine)
+        if other:
+            return "yielded", f"target owned by {other} (also changes {where})"
         return "superseded", f"also changes {where}, now {origin(value)}"
-    return None
+    for target, before in installed.via.items():
+        enclosing = _lookup_in(target, live)
+        if enclosing is None:
+            return "superseded", f"enclosing {target.qualname} no longer exists"
+        if enclosing[1] is before or is_ours(enclosing[1]):
+            continue
+        other = _owner(patch, target, sys.modules.get(target.module, live), enclosing, versions, engine)
+        if other:
+            return "yielded", f"target owned by {other} (only reached through {target.qualname})"
+        return "superseded", f"only reached through {target.qualname}, now {origin(enclosing[1])}"
+    return "applied", installed.reason
 
 
 def fixed_through_trigger(patch: Patch) -> bool:
@@ -282,16 +253,11 @@ def fixed_through_trigger(patch: Patch) -> bool:
 
 
 def enclosing_owner(patch: Patch, site: Site) -> str | None:
-    """At apply time: the other owner a detector recognises on an enclosing callable, as the
-    ``yielded`` reason, or ``None``."""
-    for target in via_targets(patch, site.target):
+    """The other owner a detector recognises on an enclosing callable, as a ``yielded`` reason."""
+    for target in _via_targets(patch, site.target):
         enclosing = _lookup_in(target, site.module)
-        if enclosing is None:
-            continue
-        holder, value = enclosing
-        attribute = target.qualname.rpartition(".")[2]
         module = sys.modules.get(target.module, site.module)
-        other = detect(patch, Site(patch, target, module, holder, attribute, value, site.versions, site.engine))
+        other = None if enclosing is None else _owner(patch, target, module, enclosing, site.versions, site.engine)
         if other:
             return f"target owned by {other} (only reached through {target.qualname})"
     return None
@@ -304,8 +270,7 @@ def yielded_reason(patch: Patch, target: Target, versions: dict, engine: HandOve
     found = None if module is None else lookup(module, target.qualname)
     if module is None or found is None:
         return None
-    holder, value = found
-    site = Site(patch, target, module, holder, target.qualname.rpartition(".")[2], value, dict(versions), engine)
+    site = Site(patch, target, module, found[0], target.qualname.rpartition(".")[2], found[1], dict(versions), engine)
     other = detect(patch, site)
     return f"target owned by {other}" if other else enclosing_owner(patch, site)
 
@@ -316,15 +281,11 @@ def is_ours(value: Any) -> bool:
 
 
 class _ReexecLoader:
-    """Wraps a module's loader for one re-execution (``importlib.reload``, or a fresh import of a
-    name whose earlier module was patched): runs it, restores the module's own loader, then calls
-    back with what ``sys.modules`` holds now (so the engine can apply the fix again)."""
+    """Wraps a module's loader for one re-execution: runs it, restores the module's own loader,
+    then calls back with what ``sys.modules`` holds now (so the engine can apply the fix again)."""
 
     def __init__(self, loader: Any, spec: Any, callback: Callable[[ModuleType, str], None], how: str) -> None:
-        self._loader = loader
-        self._spec = spec
-        self._callback = callback
-        self._how = how
+        self._loader, self._spec, self._callback, self._how = loader, spec, callback, how
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
@@ -340,36 +301,27 @@ class _ReexecLoader:
             if getattr(module, "__loader__", None) is self:
                 module.__loader__ = self._loader
         try:
-            self._callback(live_module(module), self._how)
+            live = sys.modules.get(module.__name__)  # another object when the module replaced itself there
+            self._callback(module if live is None else live, self._how)
         except Exception:  # never break the user's import; recheck() then says "module reloaded"
             pass
 
 
-def live_module(module: ModuleType) -> ModuleType:
-    """What importers of ``module``'s name get: ``sys.modules`` holds another object when the module
-    replaced itself there while executing (the lazy-module idiom of transformers)."""
-    live = sys.modules.get(module.__name__)
-    return module if live is None else live
-
-
 class Reexecutions:
-    """What answers a re-execution of a module whose fix went in: ``importlib.reload``
-    (``find_spec`` with a ``target``) or a fresh import of its name (the module was deleted from
-    ``sys.modules``: test-isolation fixtures, hot-reload tools). The start-up observer, the one
-    finder of ours, hands it those names (:attr:`names`, the modules ever patched: ``watch``);
-    it wraps the real loader found by the finders after the observer, so the engine applies the
-    fix again (wrapt's post-import hooks fire once per name)."""
+    """What answers a re-execution of a module a fix went in on: ``importlib.reload`` (``find_spec``
+    with a ``target``) or a fresh import of its name after it left ``sys.modules`` (test-isolation
+    fixtures, hot-reload tools). The start-up observer, the one finder of ours, hands it the names
+    in :attr:`names`; it wraps the loader the finders after the observer find, so the engine
+    applies the fix again (wrapt's post-import hooks fire once per name)."""
 
     def __init__(self, wanted: Callable[[str], bool], callback: Callable[[ModuleType, str], None]) -> None:
-        self._wanted = wanted
-        self._callback = callback
+        self._wanted, self._callback = wanted, callback
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self.names: set[str] = set()  # the modules a fix went in on (a superset of those watched now)
 
     def spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        """The spec of ``name`` with a loader that calls back once it executed, or ``None`` (not a
-        module of an applied fix, or the finders after the observer do not have it)."""
+        """The spec of ``name`` with a loader that calls back once it executed, or ``None``."""
         if name not in self.names or name in self._busy:
             return None
         try:
