@@ -1,12 +1,7 @@
-"""The engine's life cycle: activation, one wrapt post-import hook per target module, and the
-in-process records (``report``, ``revert``). Its parts: ``slots.Slots`` (each patch's slot,
-applying, re-checking, hand-over, revert) and ``decision`` (one patch's decision); the observer
-it drives is the process's start-up observer, or a :class:`NullObserver`.
-
-On a host without the NPU stack, :func:`activate` decides "inactive" from the configuration alone,
-without wrapt, ``logging``, ``importlib.metadata`` or ``dataclasses``; everything heavier is
-imported on the active path only.
-"""
+"""The engine's life cycle: activation, one wrapt post-import hook per target module, ``report``
+and ``revert``; ``slots.Slots`` applies and keeps each patch. On a host without the NPU stack,
+:func:`activate` decides "inactive" from the configuration alone, without wrapt, ``logging``,
+``importlib.metadata`` or ``dataclasses``; anything heavier is imported on the active path only."""
 
 from __future__ import annotations
 
@@ -32,8 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LOGGER_NAME", "Engine", "NullObserver", "PatchError", "activate", "engine", "report", "revert"]
 
-#: The longest an import in another thread waits for an activation under way: far beyond any real
-#: activation, it only turns a wait the import system cannot see into a stall instead of a hang.
+#: The longest an import waits for another thread's activation: a stall instead of a hang.
 _WAIT_LIMIT_S = 300.0
 
 
@@ -42,8 +36,7 @@ class PatchError(RuntimeError):
 
 
 class NullObserver:
-    """The observer of every engine but the process-wide one (tests, tools): it does nothing, so
-    only that engine ever touches the process's start-up hook."""
+    """The observer of every engine but the process-wide one: only that one touches the start-up hook."""
 
     inactive_trigger = ""
 
@@ -61,13 +54,10 @@ class NullObserver:
 
 
 class Engine:
-    """Owns one process's patch records. ``activate`` runs once; the rest is driven by imports.
-
-    ``catalog`` and ``config`` default to the built-in catalog (plus entry points) and the environment;
-    tests pass their own. ``observer`` is the process's start-up observer for the process-wide engine
-    alone. Each patch has one :class:`~.slots.Slot` in :attr:`slots` (their lock also guards the status
-    and the hooked modules); :attr:`slots` is also the fixes' ``site.handover``.
-    """
+    """Owns one process's patch records; ``activate`` runs once, the rest is driven by imports.
+    ``catalog`` and ``config`` default to the built-in catalog (plus entry points) and the
+    environment. :attr:`slots` holds each patch's slot (their lock also guards the status and the
+    hooked modules) and is the fixes' ``site.handover``."""
 
     def __init__(
         self,
@@ -107,14 +97,10 @@ class Engine:
 
     # ----------------------------------------------------------------- activation
     def activate(self, trigger: str = "api") -> None:
-        """Decide whether to act in this process and, if so, register every patch's hooks.
-
-        Runs once; a concurrent call waits for the first (:meth:`_enter`), later calls return at once.
-        Meanwhile the process-wide engine has the start-up observer guard other threads' imports, so a
-        target imported then is patched before its import completes. Never raises, except ``PatchError``
-        in strict mode; never called with the import lock held. Interrupted (``KeyboardInterrupt``,
-        ``SystemExit``: re-raised) or out of stack (``RecursionError``; tried again only from a
-        shallower stack), it goes back to not activated (:meth:`_abandon`)."""
+        """Decide whether to act in this process and, if so, register every patch's hooks. Runs once
+        (a concurrent call waits: :meth:`_enter`); meanwhile the observer guards other threads'
+        imports. Never raises but ``PatchError`` in strict mode. Interrupted (re-raised) or out of
+        stack (tried again only from a shallower one), it goes back to not activated (:meth:`_abandon`)."""
         depth = stack_depth()
         if self.too_deep(depth) or not self._enter():
             return
@@ -164,9 +150,8 @@ class Engine:
             self._activation_lock.release()
 
     def _abandon(self, why: str = "") -> None:
-        """An activation that cannot finish (interrupted, out of stack, or under way in a thread a fork
-        left behind): back to ``not-activated``, resuming where the start-up hook was in place. Live
-        fixes keep their slots; the deferred modules and those imported already are hooked afresh."""
+        """Back to ``not-activated`` from an activation that cannot finish (interrupted, out of stack, or
+        in a thread a fork left behind). Live fixes keep their slots; modules imported are hooked afresh."""
         slots = self.slots
         with slots.lock:
             self.status, self.reason, self.trigger, self.device, self.warnings = "not-activated", why, "", "", []
@@ -178,8 +163,7 @@ class Engine:
         self.observer.resume_observing(self._observed)
 
     def after_fork(self) -> None:
-        """In the child of ``os.fork()`` (``activation`` registers the handler): the locks may be
-        held by threads not there; an activation under way in one is abandoned, not in this one."""
+        """In a fork's child: the locks may be held by threads not there; their activation is abandoned."""
         if self.status == "activating" and self._activator == _thread.get_ident():
             return
         self._activation_lock = _thread.RLock()
@@ -188,9 +172,8 @@ class Engine:
             self._abandon()
 
     def _enter(self) -> bool:
-        """Take the activation lock, waiting for an activation under way in another thread. Gives up
-        (``False``) if that thread waits for a module this thread is importing, which would deadlock,
-        or after ``_WAIT_LIMIT_S`` (a wait the import system cannot see): a stall, never a hang."""
+        """Take the activation lock; give up if its holder waits for a module this thread imports
+        (a deadlock), or after ``_WAIT_LIMIT_S`` (a wait the import system cannot see): a stall, never a hang."""
         lock = self._activation_lock
         for _ in range(int(_WAIT_LIMIT_S / 0.05)):
             if lock.acquire(timeout=0.05):
@@ -222,12 +205,10 @@ class Engine:
         for name, error, exc in loaded.errors:
             self._entry_point_record(name, "failed", error, exc)
         for name in loaded.skipped:
-            self._entry_point_record(
-                name, "disabled", "turned off by VERL_NPU_AUTOPATCH_DISABLE; its module was not imported"
-            )
-        logger.debug(
-            "catalog: %d patches, entry points %s", len(loaded.patches), ", ".join(loaded.entry_points) or "none"
-        )
+            reason = "turned off by VERL_NPU_AUTOPATCH_DISABLE; its module was not imported"
+            self._entry_point_record(name, "disabled", reason)
+        entry_points = ", ".join(loaded.entry_points) or "none"
+        logger.debug("catalog: %d patches, entry points %s", len(loaded.patches), entry_points)
         unique, duplicates = loaded.unique()
         for text in duplicates:
             self.warnings.append(text)
@@ -256,9 +237,8 @@ class Engine:
 
     # ----------------------------------------------------------------- post-import hooks
     def _register(self, wanted: Iterable[str]) -> None:
-        """A wrapt post-import hook on every module of ``wanted`` not hooked yet. One already imported
-        is handled at once (a strict-mode error is raised once all are hooked); one still executing
-        (the package whose import woke the engine, another thread's) is deferred until it finishes."""
+        """A wrapt hook on each module of ``wanted`` not hooked yet; one already imported is handled at
+        once (strict-mode errors raised once all are hooked), one still executing is deferred."""
         import wrapt
 
         from verl_npu_autopatch.engine.decision import initializing
@@ -283,8 +263,7 @@ class Engine:
             raise errors[0]
 
     def _on_import(self, module: ModuleType) -> None:
-        """The post-import hook: apply every pending patch that targets ``module``. Interrupted (Ctrl-C
-        while a fix goes in), the import under way fails, and its retry is hooked."""
+        """The post-import hook. Interrupted (Ctrl-C), the import under way fails: its retry is hooked."""
         try:
             self._catch_up()
             errors = self.slots.on_import(module)
@@ -304,15 +283,13 @@ class Engine:
             raise PatchError("; ".join(str(e) for e in errors)) from errors[0]
 
     def module_loaded(self, module: ModuleType) -> None:
-        """A target module finished executing outside wrapt's view (the package whose import
-        activated the engine): apply its pending patches now. Raises only in strict mode."""
+        """A module finished executing outside wrapt's view (the package whose import activated the engine)."""
         with self.slots.lock:
             self._deferred.discard(module.__name__)
         self._on_import(module)
 
     def module_failed(self, module: ModuleType) -> None:
-        """A module deferred at hook registration raised while executing (its import fails, and may
-        be retried): hook its next import, as if it had never been imported."""
+        """A deferred module raised while executing: hook its next import, as if it had never been imported."""
         name = module.__name__
         with self.slots.lock:
             if name not in self._deferred:
@@ -348,8 +325,8 @@ class Engine:
         return self.slots.pending_modules()
 
     def settle(self, absent: Iterable[str] = ()) -> None:
-        """Conclude pending patches once every target that can be imported was (``doctor``): ``absent``
-        names modules that do not exist here; a patch none of whose variants can be found becomes ``unsupported``."""
+        """Conclude pending patches once every target that can be imported was (``doctor``); ``absent``:
+        modules that do not exist here."""
         self.slots.settle(absent, self._catch_up)
 
     # ----------------------------------------------------------------- records
@@ -362,8 +339,7 @@ class Engine:
         self.slots.set_state(record, state, reason, exc)
 
     def check_names(self) -> None:
-        """On a host where the engine stayed inactive, warn about ENABLE/DISABLE names that match
-        nothing (this loads the catalog, so it runs only for ``report()`` and ``doctor``)."""
+        """Inactive: warn about ENABLE/DISABLE names that match nothing (loads the catalog: ``report()`` only)."""
         config = self.slots.config
         if self._checked_names or config is None or not (config.enable or config.disable):
             return
@@ -394,8 +370,7 @@ class Engine:
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
     def revert(self, name: str | None = None) -> list[str]:
-        """Undo applied patches (all, one by name, or a group; :meth:`~.slots.Slots.revert`); a name
-        of no patch or group reverts nothing and logs one warning with the closest names."""
+        """:meth:`~.slots.Slots.revert`; a name of no patch or group logs a warning with the closest names."""
         if name is not None and (not isinstance(name, str) or name not in (known := self._names())):
             from verl_npu_autopatch.engine.config import closest, shown
 
@@ -413,9 +388,8 @@ class Engine:
 
 
 def blocked_on_us(activator: int) -> bool:
-    """Whether thread ``activator`` waits, through a chain of module locks, for one this thread
-    holds (read from the import system's deadlock bookkeeping, ``_blocking_on``; ``False`` where
-    it is not there): an import held for the activation must then go on, or deadlock."""
+    """Whether thread ``activator`` waits, through a chain of module locks, for one this thread holds
+    (the import system's ``_blocking_on``): an import held for the activation must then go on."""
     try:
         blocking = getattr(sys.modules.get("_frozen_importlib"), "_blocking_on", None)
         me, seen = _thread.get_ident(), set()
@@ -455,14 +429,12 @@ def engine() -> Engine:
 
 
 def activate(trigger: str = "api") -> None:
-    """Activate the process-wide engine (idempotent). Use it where ``.pth`` files are not processed:
-    ``python -S``, embedded interpreters, code on ``PYTHONPATH`` only."""
+    """Activate the process-wide engine (idempotent), e.g. where ``.pth`` files are not processed."""
     _ENGINE.activate(trigger)
 
 
 def report() -> Report:
-    """What the process-wide engine decided so far, patch by patch, with the configuration
-    warnings (also on hosts where it stays inactive)."""
+    """What the process-wide engine decided so far, with the configuration warnings (also inactive)."""
     if _ENGINE.status == "not-activated":
         if _ENGINE.observer.inactive_trigger:
             _ENGINE.activate(_ENGINE.observer.inactive_trigger)  # the start-up hook found it inactive; say why

@@ -1,11 +1,15 @@
-"""Ownership: where each applied patch installed what, re-checked against the live attribute.
+"""Ownership: an ``applied`` record is a claim about the live attribute, re-checked whenever it is
+read (:func:`recheck`): if our value no longer runs at the target (or an enclosing callable,
+``Reach.via``, or a further declared site), the record becomes ``yielded`` when a ``yields_to``
+detector recognises the new owner, else ``superseded`` naming it.
 
-An ``applied`` record is a claim about the live attribute. :func:`recheck` re-checks it whenever a
-record is read: if our value is no longer what the target (or an enclosing callable it is only
-reached through, ``Reach.via``, or a further declared site) holds, the record becomes ``yielded``
-when one of the patch's ``yields_to`` detectors recognises the new owner, else ``superseded``
-naming it, or ``superseded: module reloaded``. :class:`Reexecutions` answers re-executions of a
-patched module (wrapt's hooks fire once per name), so the engine applies the fix again.
+Copies: a module that ran ``from pkg.mod import name`` before a fix keeps the upstream object. For a
+patch declaring ``Reach.copies_in`` (packages), :func:`rebind` moves every such copy in their
+imported modules to the value the fix left (its undo puts the original back, in the copies taken
+since too), and each copy is a declared site (:func:`sites`). A patch whose targets another owner
+replaced (vllm-ascend rebinding vLLM's ``FusedMoE`` in the package, not in the model modules that
+copied it earlier) declares ``Reach.stale_values``: the copies still holding an earlier value move
+to the target's live value, and back on undo.
 """
 
 from __future__ import annotations
@@ -13,17 +17,19 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from itertools import repeat
+from operator import is_
 from types import ModuleType
 from typing import Any, Literal
 
 from verl_npu_autopatch.authoring.patching import ABSENT, marked_by, origin
 from verl_npu_autopatch.authoring.spec import Patch, Site, Target
-from verl_npu_autopatch.engine import copies
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from verl_npu_autopatch.authoring.handover import HandOver
+    from verl_npu_autopatch.authoring.spec import Undo
     from verl_npu_autopatch.engine.records import RecordState
 
 __all__ = [
@@ -34,13 +40,20 @@ __all__ = [
     "declared_values",
     "detect",
     "enclosing_owner",
+    "holders",
+    "in_place",
     "installation",
     "is_ours",
+    "left_behind",
     "lookup",
     "missing",
     "reached_through_target",
+    "rebind",
     "recheck",
+    "replaced",
     "site_value",
+    "sites",
+    "within",
     "yielded_reason",
 ]
 
@@ -48,17 +61,15 @@ __all__ = [
 #: value the fix left there (an experts implementation the target's dispatcher looks up).
 THROUGH_TARGET = "verl_npu_autopatch_through_target"
 
-#: What :func:`recheck` expects of a :class:`Footprint`'s target: ``ours``, the fix replaced it and
-#: any other value displaces us; ``through``, the fix installed elsewhere and runs only through
-#: upstream's value left there, which any value but one of ours displaces; ``reload``, the fix
-#: installed elsewhere and is checked for reloads only.
+#: What :func:`recheck` expects at a :class:`Footprint`'s target: ``ours`` (the fix replaced it),
+#: ``through`` (the fix runs only through upstream's value left there: any value but ours displaces
+#: it) or ``reload`` (the fix installed elsewhere: checked for reloads only).
 Checks = Literal["ours", "through", "reload"]
 
 
 class Footprint:
-    """What an applied patch left where: ``owner.attribute`` holding ``value`` on ``module`` (executed
-    under ``spec``), the raw value of each enclosing callable it is reached through (``via``), and
-    the value it left at each further declared site it changed (``also``, keyed ``module:path``)."""
+    """What an applied patch left: ``owner.attribute`` holding ``value`` on ``module`` (executed under
+    ``spec``), each enclosing callable's value (``via``), each further declared site's (``also``)."""
 
     def __init__(
         self,
@@ -90,8 +101,7 @@ def missing(module: ModuleType, qualname: str) -> str:
 
 
 def _walk(module: ModuleType, qualname: str) -> tuple[Any, Any] | str:
-    """``(holder, raw attribute)``, or why the walk stopped. The last part is read with
-    ``getattr_static`` (a ``staticmethod`` stays one); a part that is ``None`` counts as missing."""
+    """``(holder, raw attribute)`` or why not; the last part read statically (a ``staticmethod`` stays one)."""
     holder: Any = module
     parts = qualname.split(".")
     for depth, part in enumerate(parts):
@@ -123,9 +133,8 @@ def site_value(module: ModuleType, path: str) -> Any:
 
 
 def declared_values(patch: Patch) -> dict[str, Any]:
-    """Each further site ``patch`` declares (``secondary``, the targets of a patch hooked on its
-    ``triggers`` unless it declares ``stale``, ``computed`` and ``copies`` found live) -> its raw
-    live value, keyed ``module:path``; a site whose module is not imported is left out."""
+    """``module:path`` -> raw live value of each further site ``patch`` declares whose module is
+    imported: ``secondary``, a trigger-hooked patch's targets (unless ``stale``), ``computed``, copies."""
     values = {}
     reach = patch.reach
     for target in (*reach.secondary, *(patch.targets if reach.triggers and reach.stale_values is None else ())):
@@ -136,7 +145,7 @@ def declared_values(patch: Patch) -> dict[str, Any]:
         live = sys.modules.get(family.module)
         if live is not None:
             values.update({f"{family.module}:{path}": site_value(live, path) for path in family.find(live)})
-    return {**values, **copies.sites(patch)}
+    return {**values, **sites(patch)}
 
 
 def _lookup_in(target: Target, module: ModuleType) -> tuple[Any, Any] | None:
@@ -180,10 +189,9 @@ def reached_through_target(undo: Any) -> Any:
 
 
 def installation(site: Site, reason: str, undo: Any = None) -> Footprint:
-    """What the fix left at ``site`` (read back live), the enclosing callables' values now, and the
-    ``applied`` reason (restored if our value comes back). A fix that left the target untouched is
-    checked for reloads only, unless its undo says it is reached only through the target
-    (:func:`reached_through_target`): then another owner replacing that value displaces it."""
+    """The footprint of the fix at ``site``, read back live, with the ``applied`` reason (restored if
+    our value comes back). A fix that left the target untouched is checked for reloads only, unless
+    its undo says it runs only through the target (:func:`reached_through_target`)."""
     found = lookup(site.module, site.target.qualname)
     owner, value = found if found is not None else (site.owner, site.value)
     checks: Checks = "ours"
@@ -195,14 +203,14 @@ def installation(site: Site, reason: str, undo: Any = None) -> Footprint:
         if enclosing is not None:
             via[target] = enclosing[1]
     spec = getattr(site.module, "__spec__", None)
-    copy_sites = copies.sites(site.patch)  # a copy holds its source's live value: ours, or another owner's (stale)
+    copy_sites = sites(site.patch)  # a copy holds its source's live value: ours, or another owner's (stale)
     also = {w: v for w, v in declared_values(site.patch).items() if marked_by(v) == site.patch.name or w in copy_sites}
     return Footprint(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks, also)
 
 
 def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver | None) -> tuple[RecordState, str]:
-    """``(state, reason)`` of an applied patch against the live modules: ``applied`` while our value is
-    still what runs, else ``yielded`` / ``superseded`` naming the live owner."""
+    """``(state, reason)``: ``applied`` while our value still runs, else ``yielded`` / ``superseded``
+    naming the live owner."""
     name = installed.target.module
     live = sys.modules.get(name)
     if live is None:
@@ -243,8 +251,7 @@ def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver
 
 
 def fixed_through_trigger(patch: Patch) -> bool:
-    """A patch hooked on a trigger whose every target already holds its fix (decided again after
-    the trigger module was executed anew): the fix is in place."""
+    """A trigger-hooked patch whose every target holds its fix already (the trigger re-executed)."""
     if not patch.reach.triggers:
         return False
     targets = {str(t) for t in patch.targets}
@@ -264,8 +271,7 @@ def enclosing_owner(patch: Patch, site: Site) -> str | None:
 
 
 def yielded_reason(patch: Patch, target: Target, versions: dict, engine: HandOver | None) -> str | None:
-    """The ``yielded`` reason of a patch that left ``target`` to another owner at apply time, as
-    the detectors see the live target now, or ``None`` when none recognises its owner."""
+    """The ``yielded`` reason for ``target`` as the detectors see it now (``None``: none recognises its owner)."""
     module = sys.modules.get(target.module)
     found = None if module is None else lookup(module, target.qualname)
     if module is None or found is None:
@@ -280,9 +286,115 @@ def is_ours(value: Any) -> bool:
     return marked_by(value) is not None
 
 
+def within(name: str, packages: tuple[str, ...]) -> bool:
+    """Whether module ``name`` is one of ``packages`` or inside one."""
+    return name in packages or name.startswith(tuple(f"{p}." for p in packages))
+
+
+def holders(packages: tuple[str, ...]) -> list[ModuleType]:
+    """The imported modules of ``packages`` (a snapshot of ``sys.modules``)."""
+    inside = tuple(f"{p}." for p in packages)
+    return [m for n, m in list(sys.modules.items()) if (n in packages or n.startswith(inside)) and m is not None]
+
+
+def _globals_holding(packages: tuple[str, ...], value: Any, skip: str) -> Iterator[tuple[ModuleType, str]]:
+    """``(module, global name)`` of every global in the imported modules of ``packages`` that is
+    ``value``, except ``skip`` (``module:name``, the target)."""
+    for module in holders(packages):
+        namespace = getattr(module, "__dict__", {})
+        if not any(map(is_, list(namespace.values()), repeat(value))):  # at C speed: most modules hold none
+            continue
+        for name, held in list(namespace.items()):
+            if held is value and f"{module.__name__}:{name}" != skip:
+                yield module, name
+
+
+def _live(target: Target) -> Any:
+    """The value module-level ``target`` holds now (``None`` when its module is not imported)."""
+    module = sys.modules.get(target.module)
+    return None if module is None or "." in target.qualname else vars(module).get(target.qualname)
+
+
+def replaced(patch: Patch) -> list[tuple[Target, Any, Any]]:
+    """``(target, earlier value, live value)`` of each target of ``patch.reach.stale_values`` another owner replaced."""
+    earlier = patch.reach.stale_values() if patch.reach.stale_values is not None else {}
+    found = []
+    for target, before in earlier.items():
+        live = _live(target)
+        if before is not None and live is not None and live is not before:
+            found.append((target, before, live))
+    return found
+
+
+def sites(patch: Patch) -> dict[str, Any]:
+    """``module:name`` -> value of every global in the imported modules of ``patch.reach.copies_in``
+    holding the live value of a module-level target (of a replaced one, for a patch declaring ``stale``)."""
+    found: dict[str, Any] = {}
+    if not patch.reach.copies_in:
+        return found
+    stale = patch.reach.stale_values is not None
+    sources = [(t, live) for t, _, live in replaced(patch)] if stale else [(t, _live(t)) for t in patch.targets]
+    for target, value in sources:
+        if value is not None:
+            found.update(
+                (f"{m.__name__}:{n}", value) for m, n in _globals_holding(patch.reach.copies_in, value, str(target))
+            )
+    return found
+
+
+def left_behind(patch: Patch) -> list[str]:
+    """``module:name`` of every copy still holding the earlier value of a replaced target (``stale``)."""
+    return [
+        f"{m.__name__}:{n}"
+        for target, before, _ in replaced(patch)
+        for m, n in _globals_holding(patch.reach.copies_in, before, str(target))
+    ]
+
+
+def in_place(patch: Patch) -> bool:
+    """Whether a patch declaring ``stale`` has nothing left to do: a target replaced, no copy of an earlier value."""
+    return patch.reach.stale_values is not None and bool(replaced(patch)) and not left_behind(patch)
+
+
+def _pairs(site: Site) -> list[tuple[Target, Any, Any]]:
+    """``(target, earlier, live)`` whose copies the fix at ``site`` rebinds: the replaced targets
+    (``stale``), else the module-level target the fix replaced itself."""
+    patch = site.patch
+    if patch.reach.stale_values is not None:
+        return replaced(patch)
+    if site.owner is not site.module or site.target not in patch.targets:
+        return []
+    fixed = vars(site.module).get(site.attribute)
+    return [] if fixed is None or fixed is site.value else [(site.target, site.value, fixed)]
+
+
+def rebind(site: Site, undo: Undo) -> Undo:
+    """After the fix at ``site``: rebind every copy of an earlier value to its target's live value
+    (the fix's, or another owner's for ``stale``). The undo returned puts the earlier value back in
+    each copy rebound here still holding the live value (in every copy, those taken since too, when
+    that value is the fix's own: it leaves with the undo), then runs ``undo``."""
+    pairs = _pairs(site) if site.patch.reach.copies_in else []
+    if not pairs:
+        return undo
+    packages, rebound = site.patch.reach.copies_in, set()
+    for target, before, live in pairs:
+        for module, name in list(_globals_holding(packages, before, str(target))):
+            setattr(module, name, live)
+            rebound.add((module, name))
+    own = site.patch.reach.stale_values is None
+
+    def restore() -> None:
+        for target, before, live in pairs:
+            for module, name in list(_globals_holding(packages, live, str(target))):
+                if own or (module, name) in rebound:
+                    setattr(module, name, before)
+        undo()
+
+    return restore
+
+
 class _ReexecLoader:
-    """Wraps a module's loader for one re-execution: runs it, restores the module's own loader,
-    then calls back with what ``sys.modules`` holds now (so the engine can apply the fix again)."""
+    """A module's loader for one re-execution: runs it, puts the module's own back, calls back."""
 
     def __init__(self, loader: Any, spec: Any, callback: Callable[[ModuleType, str], None], how: str) -> None:
         self._loader, self._spec, self._callback, self._how = loader, spec, callback, how
@@ -308,11 +420,9 @@ class _ReexecLoader:
 
 
 class Reexecutions:
-    """What answers a re-execution of a module a fix went in on: ``importlib.reload`` (``find_spec``
-    with a ``target``) or a fresh import of its name after it left ``sys.modules`` (test-isolation
-    fixtures, hot-reload tools). The start-up observer, the one finder of ours, hands it the names
-    in :attr:`names`; it wraps the loader the finders after the observer find, so the engine
-    applies the fix again (wrapt's post-import hooks fire once per name)."""
+    """Answers a re-execution of a module a fix went in on (``importlib.reload``, or a fresh import
+    after it left ``sys.modules``; wrapt's hooks fire once per name): the start-up observer hands it
+    the :attr:`names`; it wraps the real loader so the engine applies the fix again."""
 
     def __init__(self, wanted: Callable[[str], bool], callback: Callable[[ModuleType, str], None]) -> None:
         self._wanted, self._callback = wanted, callback

@@ -1,7 +1,6 @@
-"""The engine's slots: one per patch (:class:`Slot`), and their store (:class:`Slots`), which
-records each decision, applies each pending patch as its target is imported, keeps what the fix
-installed, re-checks it against the live attribute, applies it again after a re-execution, hands
-it over between patches (it is the ``HandOver`` the fixes' sites carry) and reverts it."""
+"""The engine's slots, one per patch, and their store, which records each decision, applies each
+pending patch, keeps what the fix installed and re-checks it, re-applies it after a re-execution,
+hands it over (the ``HandOver`` of the fixes' sites) and reverts it."""
 
 from __future__ import annotations
 
@@ -32,11 +31,10 @@ _RECHECKED: tuple[RecordState, ...] = ("applied", "superseded", "yielded")
 
 
 class Slot:
-    """What the engine holds about one patch. ``patch``: ``None`` for an entry point that failed to
-    load or was skipped, a ``Declared`` one until its target is imported; ``variants``: the targets
-    left after the gates; ``footprint`` and ``undo``: where the fix installed what and how to take it
-    back (``stale``: the undos of fixes on module objects a re-execution replaced); ``yielded``: the
-    target left to another owner at apply time (re-checked); ``claimed``: an application is under way."""
+    """One patch's record, and: ``patch`` (``None`` for an entry point's record, ``Declared`` until
+    loaded); ``variants`` left after the gates; ``footprint`` and ``undo`` of the fix (``stale``: undos
+    of fixes on module objects a re-execution replaced); ``yielded``: the target left to another
+    owner at apply time; ``claimed``: an application is under way."""
 
     __slots__ = ("claimed", "footprint", "patch", "record", "stale", "undo", "variants", "yielded")
 
@@ -53,7 +51,7 @@ class Slot:
         return self.undo is not None or self.footprint is not None or bool(self.stale)
 
     def release(self, keep: bool = False) -> Undo | None:
-        """Forget the fix and return its undo, also kept in ``stale`` with ``keep`` (the module was executed again)."""
+        """Forget the fix and return its undo, kept in ``stale`` with ``keep`` (its module re-executed)."""
         undo, self.undo, self.footprint = self.undo, None, None
         if keep and undo is not None:
             self.stale.append(undo)
@@ -61,10 +59,9 @@ class Slot:
 
 
 class Slots(dict[str, Slot]):
-    """``{patch name: slot}`` in catalog order, read and changed under :attr:`lock` (held only
-    briefly, never across imports; it also guards the engine's status). ``config`` is set by
-    activation; ``on_change`` refreshes the report file, if any; ``error`` is the strict-mode
-    exception type (the engine's ``PatchError``)."""
+    """``{patch name: slot}`` in catalog order, under :attr:`lock` (held briefly, never across an
+    import). ``config``: set by activation; ``on_change`` refreshes the report file; ``error``: the
+    strict-mode exception type (the engine's ``PatchError``)."""
 
     def __init__(self, config: Config | None = None, error: type[Exception] = RuntimeError) -> None:
         super().__init__()
@@ -89,8 +86,7 @@ class Slots(dict[str, Slot]):
             return [slot for slot in self.values() if keep(slot)]
 
     def set_state(self, record: Record, state: RecordState, reason: str, exc: BaseException | None = None) -> None:
-        """Record a decision and log it once (with ``exc``'s traceback). The reason is kept within
-        ``text.REASON_CHARS`` (it may quote a plugin's or upstream's text)."""
+        """Record a decision and log it once; the reason is made safe (it may quote foreign text)."""
         from verl_npu_autopatch.engine.text import safe_str  # (records exist on the active path only)
 
         reason = safe_str(reason)
@@ -102,8 +98,8 @@ class Slots(dict[str, Slot]):
 
     # ----------------------------------------------------------------- application
     def on_import(self, module: ModuleType) -> list[Exception]:
-        """Apply every pending patch that targets ``module`` (what ``sys.modules`` holds under its
-        name, should it have replaced itself there while executing); returns the strict-mode errors."""
+        """Apply each pending patch on ``module`` (or what replaced it in ``sys.modules`` while it
+        executed); returns the strict-mode errors."""
         live = sys.modules.get(module.__name__)
         module = module if live is None else live
         names = [s.record.name for s in self._each(lambda s: any(t.module == module.__name__ for t in s.variants))]
@@ -115,9 +111,8 @@ class Slots(dict[str, Slot]):
         return list(dict.fromkeys(t.module for slot in pending for t in slot.variants))
 
     def settle(self, absent: Iterable[str], catch_up: Callable[[], None]) -> None:
-        """Conclude every pending patch from what is imported and ``absent`` (modules that do not
-        exist here), once ``catch_up`` has handled the deferred modules: a patch none of whose
-        variants can be found any more becomes ``unsupported``."""
+        """Conclude every pending patch from what is imported and ``absent``, after ``catch_up``: one
+        none of whose variants can be found any more becomes ``unsupported``."""
         with self.lock:
             self._absent.update(absent)
         pending = self._each(lambda s: s.patch is not None and s.record.state == "pending" and s.variants)
@@ -126,9 +121,8 @@ class Slots(dict[str, Slot]):
             self.apply(slot.record.name, None)
 
     def apply(self, name: str, module: ModuleType | None) -> Exception | None:
-        """Decide and apply pending patch ``name`` on a freshly imported module (``None``: from what
-        is imported and what ``settle`` knows is absent) and record the outcome; a patch the catalog
-        only declared is loaded first (its family imported). Returns a strict-mode error."""
+        """Decide, apply and record pending patch ``name`` on a module just imported (``None``: from
+        what is imported and known absent), loading its family first. Returns a strict-mode error."""
         from verl_npu_autopatch.engine import decision
 
         config = self.config
@@ -189,9 +183,8 @@ class Slots(dict[str, Slot]):
         return failure
 
     def recheck(self) -> None:
-        """Move each applied (or displaced) record to ``applied``, ``yielded`` or ``superseded`` as
-        the live attribute says, and re-name the owner of each target yielded at apply time when
-        another recognised owner took it since. Never raises: a detector's error is logged."""
+        """Move each applied (or displaced) record to what the live attribute says, and re-name the
+        owner of each target yielded at apply time. Never raises: a detector's error is logged."""
         from verl_npu_autopatch.engine import ownership
 
         with self.lock:
@@ -223,9 +216,8 @@ class Slots(dict[str, Slot]):
         return bool(self._each(lambda s: s.footprint is not None and s.footprint.target.module == module))
 
     def _on_reload(self, module: ModuleType, how: str) -> None:
-        """``module`` was executed again (``importlib.reload``, or imported afresh after leaving
-        ``sys.modules``): its targets hold upstream code again, so every patch applied (or displaced)
-        there is applied afresh. The old fix's undo is kept for ``revert`` (it acts only while its value is live)."""
+        """``module`` was executed again (a reload, or a fresh import): apply its patches afresh; the
+        old undos are kept for ``revert`` (each acts only while its value is live)."""
         with self.lock:
             reloaded = [
                 slot
@@ -257,8 +249,7 @@ class Slots(dict[str, Slot]):
             return None if slot is None else slot.record.copy()
 
     def note(self, name: str, text: str) -> None:
-        """Add ``text`` to the reason of patch ``name`` while it is applied (e.g. why a target stays
-        ours beside Liger-Kernel); kept when the record is re-checked."""
+        """Add ``text`` to the reason of applied patch ``name``; kept when the record is re-checked."""
         with self.lock:
             slot = self.get(name)
             if slot is None or slot.record.state != "applied" or text in slot.record.reason:
@@ -269,10 +260,9 @@ class Slots(dict[str, Slot]):
         self.set_state(slot.record, "applied", reason)
 
     def reapply(self, name: str, when: Callable[[Any], bool]) -> bool:
-        """Decide and apply patch ``name`` afresh when ``when(live value)`` holds for what another
-        owner put over our installed value (verl <= 0.8 patching while its module is imported, after
-        our hooks ran). The old undo is dropped (it acts only while our value is live); the new one
-        restores that other owner's value. Returns whether ``name`` is applied now."""
+        """Apply patch ``name`` afresh when ``when(live value)`` holds for what another owner put over
+        ours (verl <= 0.8, after our hooks ran); the new undo restores that owner's value (the old
+        acts only while ours is live). Returns whether ``name`` is applied now."""
         from verl_npu_autopatch.engine.ownership import lookup
 
         with self.lock:
@@ -289,9 +279,8 @@ class Slots(dict[str, Slot]):
         return slot.record.state == "applied"
 
     def yield_to(self, name: str, owner: str) -> bool:
-        """Hand patch ``name``'s target to ``owner`` (e.g. Liger-Kernel): undo it if applied, record
-        ``yielded``; returns whether it was applied. It runs inside the user's call (Liger's apply
-        function): an undo that raises is logged and recorded ``failed``, as in ``revert``, never raised."""
+        """Hand patch ``name``'s target to ``owner``: undo it, record ``yielded``; returns whether it was
+        applied. It runs in the user's call (Liger's apply): an undo that raises is recorded, not raised."""
         with self.lock:
             slot = self.get(name)
             if slot is None or slot.record.state not in ("pending", "applied"):
@@ -308,9 +297,8 @@ class Slots(dict[str, Slot]):
 
     # ----------------------------------------------------------------- revert
     def revert(self, name: str | None = None) -> list[str]:
-        """Undo applied patches (all, one by name, or a group); returns the names reverted. Records
-        are re-checked first: a patch another owner displaced (``superseded`` or ``yielded``) on the
-        live module is left alone, so the live owner is never clobbered; the log says why."""
+        """Undo applied patches (all, one by name, or a group); returns the names reverted. A patch
+        another owner displaced on the live module (re-checked first) is left alone: never clobbered."""
         self.recheck()
         done = []
         for slot in self._each(
@@ -353,7 +341,7 @@ class Slots(dict[str, Slot]):
 
 
 def describe(exc: BaseException) -> str:
-    """``text.describe``, imported on first use (the inactive path never formats an exception)."""
+    """``text.describe``, imported on first use (not on the inactive path)."""
     from verl_npu_autopatch.engine.text import describe
 
     return describe(exc)
@@ -375,6 +363,5 @@ def _loaded(slot: Slot) -> Patch:
 
 
 def _declared(patch: Patch | Declared) -> TypeIs[Declared]:
-    """Whether the catalog only declared ``patch`` (by its shape, not its class: a fresh copy of
-    our modules, e.g. after ``mock.patch.dict(sys.modules)``, has classes of its own)."""
+    """Whether the catalog only declared ``patch`` (by its shape: a fresh copy of our modules has its own classes)."""
     return callable(getattr(patch, "load", None))
