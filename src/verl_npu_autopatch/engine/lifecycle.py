@@ -88,7 +88,8 @@ class Engine:
     @property
     def records(self) -> dict[str, Record]:
         """``{patch name: its live record}``, in catalog order."""
-        return self.slots.records()
+        with self.slots.lock:
+            return {name: slot.record for name, slot in self.slots.items()}
 
     @property
     def hand_over(self) -> HandOver:
@@ -276,8 +277,7 @@ class Engine:
                     with self.slots.lock:
                         self._deferred.discard(name)
                         self._hooked.add(name)
-                    del sys.modules[name]  # as the import system does next; wrapt hooks only what is not loaded
-                    self._hook_again(name)
+                    self._hook_again(name, sys.modules[name])
             raise
         if errors:
             raise PatchError("; ".join(str(e) for e in errors)) from errors[0]
@@ -295,13 +295,14 @@ class Engine:
             if name not in self._deferred:
                 return
             self._deferred.discard(name)
-        if sys.modules.get(name) is module:
-            del sys.modules[name]  # as the import system does next; wrapt hooks only what is not loaded
-        self._hook_again(name)
+        self._hook_again(name, module)
 
-    def _hook_again(self, name: str) -> None:
+    def _hook_again(self, name: str, module: object = None) -> None:
+        """Hook the next import of ``name``, whose import failed."""
         import wrapt
 
+        if module is not None and sys.modules.get(name) is module:
+            del sys.modules[name]  # as the import system does next; wrapt hooks only what is not loaded
         log.logger().debug("post-import hook on %s (its import failed)", name)
         wrapt.register_post_import_hook(self._on_import, name)
 
@@ -366,7 +367,7 @@ class Engine:
 
         self.slots.recheck()
         with self.slots.lock:
-            records = [record for name in self.slots if (record := self.slots.record(name)) is not None]
+            records = [slot.record.copy() for slot in self.slots.values()]
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
     def revert(self, name: str | None = None) -> list[str]:

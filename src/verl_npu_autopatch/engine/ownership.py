@@ -32,31 +32,6 @@ if TYPE_CHECKING:
     from verl_npu_autopatch.authoring.spec import Undo
     from verl_npu_autopatch.engine.records import RecordState
 
-__all__ = [
-    "THROUGH_TARGET",
-    "Checks",
-    "Footprint",
-    "Reexecutions",
-    "declared_values",
-    "detect",
-    "enclosing_owner",
-    "holders",
-    "in_place",
-    "installation",
-    "is_ours",
-    "left_behind",
-    "lookup",
-    "missing",
-    "reached_through_target",
-    "rebind",
-    "recheck",
-    "replaced",
-    "site_value",
-    "sites",
-    "within",
-    "yielded_reason",
-]
-
 #: Attribute on an undo whose fix installed elsewhere but runs only while the target holds the
 #: value the fix left there (an experts implementation the target's dispatcher looks up).
 THROUGH_TARGET = "verl_npu_autopatch_through_target"
@@ -220,8 +195,8 @@ def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver
     found = lookup(live, installed.target.qualname)
     if found is None:
         return "superseded", f"{installed.target} no longer exists"
-    replaced = installed.checks != "reload" and found[1] is not installed.value
-    if replaced and not (installed.checks == "through" and is_ours(found[1])):
+    moved = installed.checks != "reload" and found[1] is not installed.value
+    if moved and not (installed.checks == "through" and is_ours(found[1])):
         other = _owner(patch, installed.target, live, found, versions, engine)
         return ("yielded", f"target owned by {other}") if other else ("superseded", f"replaced by {origin(found[1])}")
     for where, before in installed.also.items():  # a further declared site the fix changed

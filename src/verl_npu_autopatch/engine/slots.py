@@ -76,11 +76,6 @@ class Slots(dict[str, Slot]):
         """In the child of ``os.fork()``: the lock may be held by a thread that is not there."""
         self.lock = _thread.RLock()
 
-    def records(self) -> dict[str, Record]:
-        """``{patch name: its live record}``, in catalog order."""
-        with self.lock:
-            return {name: slot.record for name, slot in self.items()}
-
     def _each(self, keep: Callable[[Slot], object]) -> list[Slot]:
         with self.lock:
             return [slot for slot in self.values() if keep(slot)]
@@ -129,7 +124,7 @@ class Slots(dict[str, Slot]):
         assert config is not None, "hooks are registered only by activate()"
         with self.lock:
             slot = self[name]
-            if slot.record.state != "pending" or slot.claimed or slot.patch is None:
+            if slot.record.state != "pending" or slot.claimed:
                 return None
             slot.claimed = True
             absent = frozenset(self._absent)
