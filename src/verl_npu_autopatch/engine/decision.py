@@ -39,8 +39,7 @@ def first_failure(
     versions: dict[str, str | None],
     version_of: Callable[[str], str | None] | None = None,
 ) -> str:
-    """Why the first unmet requirement fails ("" when all hold); fills ``versions`` with what was
-    seen. ``version_of`` replaces the installed metadata (``environment.check_requirement``)."""
+    """Why the first unmet requirement fails ("" when all hold), filling ``versions`` with what was seen."""
     for requirement in requirements:
         holds, dist, version = environment.check_requirement(requirement, version_of)
         versions[dist] = version
@@ -52,8 +51,8 @@ def first_failure(
 
 
 def plan(patch: Patch | Declared, config: Config, found: dict[str, bool] | None = None) -> Plan:
-    """``patch``'s plan from configuration and installed metadata only; ``found`` keeps which packages
-    are findable across the patches of one activation (each look-up asks every finder)."""
+    """``patch``'s plan from configuration and installed metadata only; ``found`` caches which packages
+    are findable across one activation (each look-up asks every finder)."""
     versions: dict[str, str | None] = {}
     found = {} if found is None else found
     disabled, enabled = config.named((patch.name, *patch.groups))
@@ -219,8 +218,7 @@ def initializing(module: ModuleType | None) -> bool:
 
 
 def known_absent(module: str) -> bool:
-    """Whether submodule ``module`` cannot exist: its parent package finished importing without it
-    (asking the finders executes nothing), or the parent itself cannot exist."""
+    """Whether submodule ``module`` cannot exist: its parent finished importing without it, or cannot exist."""
     parent = module.rpartition(".")[0]
     package = sys.modules.get(parent) if parent else None
     if package is None:

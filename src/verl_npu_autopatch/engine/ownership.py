@@ -43,24 +43,22 @@ Checks = Literal["ours", "through", "reload"]
 
 
 class Footprint:
-    """What an applied patch left: ``owner.attribute`` holding ``value`` on ``module`` (executed under
-    ``spec``), each enclosing callable's value (``via``), each further declared site's (``also``)."""
+    """What an applied patch left: ``target`` holding ``value`` on ``module`` (executed under ``spec``),
+    each enclosing callable's value (``via``), each further declared site's (``also``)."""
 
     def __init__(
         self,
         target: Target,
         module: ModuleType,
         spec: Any,
-        owner: Any,
-        attribute: str,
         value: Any,
         reason: str,
-        via: dict[Target, Any],
+        via: dict,
         checks: Checks,
-        also: dict[str, Any],
+        also: dict,
     ) -> None:
-        self.target, self.module, self.spec, self.owner, self.attribute = target, module, spec, owner, attribute
-        self.value, self.reason, self.via, self.checks, self.also = value, reason, via, checks, also
+        self.target, self.module, self.spec, self.value = target, module, spec, value
+        self.reason, self.via, self.checks, self.also = reason, via, checks, also
 
 
 def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
@@ -168,7 +166,7 @@ def installation(site: Site, reason: str, undo: Any = None) -> Footprint:
     our value comes back). A fix that left the target untouched is checked for reloads only, unless
     its undo says it runs only through the target (:func:`reached_through_target`)."""
     found = lookup(site.module, site.target.qualname)
-    owner, value = found if found is not None else (site.owner, site.value)
+    value = site.value if found is None else found[1]
     checks: Checks = "ours"
     if value is site.value and marked_by(value) != site.patch.name:  # the target holds upstream's value
         checks = "through" if getattr(undo, THROUGH_TARGET, False) else "reload"
@@ -180,7 +178,7 @@ def installation(site: Site, reason: str, undo: Any = None) -> Footprint:
     spec = getattr(site.module, "__spec__", None)
     copy_sites = sites(site.patch)  # a copy holds its source's live value: ours, or another owner's (stale)
     also = {w: v for w, v in declared_values(site.patch).items() if marked_by(v) == site.patch.name or w in copy_sites}
-    return Footprint(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks, also)
+    return Footprint(site.target, site.module, spec, value, reason, via, checks, also)
 
 
 def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver | None) -> tuple[RecordState, str]:
