@@ -155,21 +155,16 @@ def run(
                 return Outcome(verdict.action, verdict.reason, target, rejected=rejected)
             stage = "fix"
             undo = ownership.rebind(site, patch.fix(site))
-            applied = _installed_reason(variants, target, rejected)
+            applied = "fix installed"
+            if rejected:  # say which variant, and why the others were passed over
+                position = f"variant {variants.index(target) + 1} of {len(variants)}"
+                applied = f"fix installed on {position} ({target}); passed over: " + " | ".join(rejected.values())
             if verdict is not None and verdict.reason:  # e.g. which other owner's callable the fix replaces
                 applied = f"{applied}; {verdict.reason}"
             return Outcome("applied", applied, target, site, undo, rejected)
     except Exception as exc:
         reason = f"{stage} raised {text.describe(exc)}"
         return Outcome("failed", reason, target, rejected=rejected, stage=stage, error=exc)
-
-
-def _installed_reason(variants: tuple[Target, ...], target: Target, rejected: Mapping[Target, str]) -> str:
-    """``fix installed``; after a passed-over variant, also which variant and why the others were."""
-    if not rejected:
-        return "fix installed"
-    position = f"variant {variants.index(target) + 1} of {len(variants)}"
-    return f"fix installed on {position} ({target}); passed over: " + " | ".join(rejected.values())
 
 
 def resolve(
@@ -197,9 +192,9 @@ def resolve(
             else:
                 waiting = True
             continue
-        found = ownership.lookup(live, target.qualname)
-        if found is None:
-            missing.append(f"{target} ({ownership.missing(live, target.qualname)})")
+        found = ownership.walk(live, target.qualname)
+        if isinstance(found, str):
+            missing.append(f"{target} ({found})")
             continue
         owner, value = found
         attribute = target.qualname.rpartition(".")[2]

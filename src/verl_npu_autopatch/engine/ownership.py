@@ -63,17 +63,11 @@ class Footprint:
 
 def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
     """``(holder, raw attribute)`` of ``qualname`` in ``module``, or ``None`` when it is missing."""
-    found = _walk(module, qualname)
+    found = walk(module, qualname)
     return found if isinstance(found, tuple) else None
 
 
-def missing(module: ModuleType, qualname: str) -> str:
-    """Why :func:`lookup` finds no ``qualname`` in ``module``: the first part that is not there."""
-    found = _walk(module, qualname)
-    return found if isinstance(found, str) else "attribute is present"
-
-
-def _walk(module: ModuleType, qualname: str) -> tuple[Any, Any] | str:
+def walk(module: ModuleType, qualname: str) -> tuple[Any, Any] | str:
     """``(holder, raw attribute)`` or why not; the last part read statically (a ``staticmethod`` stays one)."""
     holder: Any = module
     parts = qualname.split(".")
