@@ -3,13 +3,11 @@ read (:func:`recheck`): if our value no longer runs at the target (or an enclosi
 ``Reach.via``, or a further declared site), the record becomes ``yielded`` when a ``yields_to``
 detector recognises the new owner, else ``superseded`` naming it.
 
-Copies: a module that ran ``from pkg.mod import name`` before a fix keeps the upstream object. For a
-patch declaring ``Reach.copies_in`` (packages), :func:`rebind` moves every such copy in their
-imported modules to the value the fix left (its undo puts the original back, in the copies taken
-since too), and each copy is a declared site (:func:`sites`). A patch whose targets another owner
-replaced (vllm-ascend rebinding vLLM's ``FusedMoE`` in the package, not in the model modules that
-copied it earlier) declares ``Reach.stale_values``: the copies still holding an earlier value move
-to the target's live value, and back on undo.
+Copies: a module that ran ``from pkg.mod import name`` before a fix keeps the upstream object; for
+a patch declaring ``Reach.copies_in``, :func:`rebind` moves each copy in those packages to the fix's
+value (and back on undo), and each copy is a declared site (:func:`sites`). With ``Reach.stale_values``
+(another owner replaced the target, e.g. vllm-ascend's ``FusedMoE``, after modules copied it) the
+copies of the earlier value move to the target's live value instead.
 """
 
 from __future__ import annotations
@@ -336,10 +334,9 @@ def _pairs(site: Site) -> list[tuple[Target, Any, Any]]:
 
 
 def rebind(site: Site, undo: Undo) -> Undo:
-    """After the fix at ``site``: rebind every copy of an earlier value to its target's live value
-    (the fix's, or another owner's for ``stale``). The undo returned puts the earlier value back in
-    each copy rebound here still holding the live value (in every copy, those taken since too, when
-    that value is the fix's own: it leaves with the undo), then runs ``undo``."""
+    """After the fix at ``site``: rebind every copy of an earlier value to its target's live value. The
+    undo returned puts the earlier value back where the live one still is (in copies taken since
+    too when that value is the fix's own, which leaves with the undo), then runs ``undo``."""
     pairs = _pairs(site) if site.patch.reach.copies_in else []
     if not pairs:
         return undo
