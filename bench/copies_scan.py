@@ -1,5 +1,5 @@
 """What ``Reach.copies_in`` costs: the scan of a package's imported modules for the copies of a
-module-level name (``copies.sites``, run at the fix and at every re-check: ``report()``,
+module-level name (``ownership.sites``, run at the fix and at every re-check: ``report()``,
 ``status``, ``revert()``), in one child process of the given python, after importing the package.
 
     python3 bench/copies_scan.py --python .envs/vllm-3.11-*/bin/python [--rounds 30]
@@ -28,7 +28,6 @@ import json, sys, time
 sys.path.insert(0, {bench!r})
 import vllm.logger, vllm.engine.arg_utils, vllm.model_executor.models.registry
 from _bench import interleave, median, per_call
-from verl_npu_autopatch.engine import copies
 from verl_npu_autopatch.engine import ownership
 from verl_npu_autopatch.authoring.spec import Patch, Reach, Target
 
@@ -40,17 +39,17 @@ stale_reach = Reach(copies_in=("vllm",), stale_values=lambda: earlier)
 stale = Patch("bench.stale", "scan", target, lambda site: None, reach=stale_reach, device="any")
 samples = interleave(
     {{
-        "sites (copies=vllm)": per_call(lambda: copies.sites(with_copies), 20),
+        "sites (copies=vllm)": per_call(lambda: ownership.sites(with_copies), 20),
         "declared_values without copies": per_call(lambda: ownership.declared_values(without), 20),
-        "sites (stale, copies=vllm)": per_call(lambda: copies.sites(stale), 20),
-        "in_place (stale, copies=vllm)": per_call(lambda: copies.in_place(stale), 20),
-        "in_place without stale": per_call(lambda: copies.in_place(without), 20),
+        "sites (stale, copies=vllm)": per_call(lambda: ownership.sites(stale), 20),
+        "in_place (stale, copies=vllm)": per_call(lambda: ownership.in_place(stale), 20),
+        "in_place without stale": per_call(lambda: ownership.in_place(without), 20),
     }},
     {rounds},
 )
 print(json.dumps({{
-    "modules": len(copies.holders(("vllm",))),
-    "copies": len(copies.sites(with_copies)),
+    "modules": len(ownership.holders(("vllm",))),
+    "copies": len(ownership.sites(with_copies)),
     "median_ms": {{name: median(values) * 1e3 for name, values in samples.items()}},
 }}))
 """

@@ -34,7 +34,7 @@ from typing import Any
 
 from verl_npu_autopatch.authoring.patching import marked_by
 from verl_npu_autopatch.authoring.spec import Patch, Target
-from verl_npu_autopatch.engine import catalog, copies, decision
+from verl_npu_autopatch.engine import catalog, decision, ownership
 from verl_npu_autopatch.engine.config import Config
 from verl_npu_autopatch.engine.ownership import THROUGH_TARGET, declared_values
 from verl_npu_autopatch.engine.records import Record
@@ -88,7 +88,7 @@ def _declared_modules(patch: Patch) -> list[ModuleType]:
     names = [t.module for t in (*patch.hooks, *patch.targets, *patch.reach.secondary)] + [
         c.module for c in patch.reach.computed
     ]
-    names += [m.__name__ for m in copies.holders(patch.reach.copies_in)]
+    names += [m.__name__ for m in ownership.holders(patch.reach.copies_in)]
     return [importlib.import_module(n) for n in dict.fromkeys(names) if _imports(n)]
 
 
@@ -175,13 +175,13 @@ def check_contract(patch: Patch) -> Finding:
         installed = snapshot(patch)
         touched = changed(before, installed)
         assert touched == declared(patch, first.target, first.undo), f"{patch.name}: changed {sorted(touched)}"
-        sources = copies.sites(patch)  # the copy sites: each holds its source attribute's live value
+        sources = ownership.sites(patch)  # the copy sites: each holds its source attribute's live value
         unmarked = sorted(p for p in touched - sources.keys() if _marked(installed.get(p)) != patch.name)
         assert not unmarked, f"{patch.name}: left unmarked values (nor a copy of a live source) at {unmarked}"
         replaced = before.get(str(first.target))
-        copy_paths = [p for p in installed if copies.within(p.partition(":")[0], patch.reach.copies_in)]
+        copy_paths = [p for p in installed if ownership.within(p.partition(":")[0], patch.reach.copies_in)]
         stale = sorted(p for p in copy_paths if replaced is not None and installed[p] is replaced)
-        stale += copies.left_behind(patch)
+        stale += ownership.left_behind(patch)
         assert not stale, f"{patch.name}: copies of the replaced value left at {stale}"
         again = _run(patch)
         assert (again.state, again.undo) == ("applied", None), f"{patch.name}: decided again: {again.reason}"

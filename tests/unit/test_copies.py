@@ -120,7 +120,7 @@ def test_the_contract_fails_a_fix_that_leaves_a_copy_behind(
     modules: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the engine's rebinding the copies keep upstream's function: the contract says where."""
-    monkeypatch.setattr("verl_npu_autopatch.engine.copies.rebind", lambda site, undo: undo)
+    monkeypatch.setattr("verl_npu_autopatch.engine.ownership.rebind", lambda site, undo: undo)
     with pytest.raises(AssertionError, match=f"copies of the replaced value left at .*{PACKAGE}:greet"):
         contract.check_contract(PATCH)
 
@@ -225,7 +225,7 @@ def test_the_contract_takes_another_owners_value_in_a_copy(modules: dict[str, Mo
 def test_the_contract_fails_a_stale_patch_that_leaves_a_copy_behind(
     modules: dict[str, ModuleType], owner: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("verl_npu_autopatch.engine.copies.rebind", lambda site, undo: undo)
+    monkeypatch.setattr("verl_npu_autopatch.engine.ownership.rebind", lambda site, undo: undo)
     with pytest.raises(AssertionError, match=f"copies of the replaced value left at .*{PACKAGE}"):
         contract.check_contract(STALE)
 

@@ -178,7 +178,7 @@ def test_copies_outside_megatron_taken_before_the_fix_are_rebound(
 
 
 def test_every_known_outside_copier_is_swept() -> None:
-    from verl_npu_autopatch.engine.copies import within
+    from verl_npu_autopatch.engine.ownership import within
 
     assert all(within(name, PATCH.reach.copies_in) for name in family.OUTSIDE_COPIERS)
     assert not within("verl.workers.engine_workers", PATCH.reach.copies_in)  # verl's other modules cost nothing

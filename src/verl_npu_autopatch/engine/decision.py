@@ -1,10 +1,7 @@
-"""One patch's decision, as functions of their inputs. Before any target is imported, its
-:class:`Plan` (:func:`plan`: disabled, gated or pending on which variants), from the configuration
-and installed metadata only (shared by the engine and ``status``). When a target is imported, one
-pass (:func:`run`): resolve a variant (which of a patch's variants is live, or why none can be:
-:func:`resolve`), gate on the device, yield to another owner, recognise our own fix, check, fix.
-It keeps no state and needs no wrapt; the engine records its :class:`Outcome` (see
-``applied.AppliedFixes.apply``)."""
+"""One patch's decision, as functions of their inputs (no state, no wrapt). Before any target is
+imported, its :class:`Plan` (:func:`plan`), from the configuration and installed metadata only
+(shared by the engine and ``status``). When a target is imported, one pass (:func:`run`): resolve a
+live variant, gate on the device, yield to another owner, recognise our own fix, check, fix."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import sys
 
 from verl_npu_autopatch.authoring.patching import describe, marked_by
 from verl_npu_autopatch.authoring.spec import Site
-from verl_npu_autopatch.engine import copies, environment, ownership, text
+from verl_npu_autopatch.engine import environment, ownership, text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,9 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["Outcome", "Plan", "first_failure", "initializing", "plan", "run"]
 
 
-# --------------------------------------------------------------------- before the target is imported
 class Plan:
-    """A patch's state before its target is imported, and the variants still in play."""
+    """A patch's state before its target is imported (disabled, gated or pending), and the variants still in play."""
 
     def __init__(
         self, state: RecordState, reason: str, versions: dict[str, str | None], variants: tuple[Target, ...]
@@ -43,8 +39,7 @@ def first_failure(
     versions: dict[str, str | None],
     version_of: Callable[[str], str | None] | None = None,
 ) -> str:
-    """Why the first unmet requirement fails ("" when all hold); fills ``versions`` with what
-    was seen. ``version_of`` replaces the installed metadata (see ``environment.check_requirement``)."""
+    """Why the first unmet requirement fails ("" when all hold), filling ``versions`` with what was seen."""
     for requirement in requirements:
         holds, dist, version = environment.check_requirement(requirement, version_of)
         versions[dist] = version
@@ -56,9 +51,8 @@ def first_failure(
 
 
 def plan(patch: Patch | Declared, config: Config, found: dict[str, bool] | None = None) -> Plan:
-    """Decide ``disabled`` / ``gated`` / ``pending`` for ``patch`` from configuration and
-    installed metadata only; ``found`` keeps which packages are findable across the patches of one
-    activation (each look-up asks every finder)."""
+    """``patch``'s plan from configuration and installed metadata only; ``found`` caches which packages
+    are findable across one activation (each look-up asks every finder)."""
     versions: dict[str, str | None] = {}
     found = {} if found is None else found
     disabled, enabled = config.named((patch.name, *patch.groups))
@@ -91,18 +85,11 @@ def plan(patch: Patch | Declared, config: Config, found: dict[str, bool] | None 
     return Plan("pending", f"waiting for {modules}", versions, tuple(variants))
 
 
-# --------------------------------------------------------------------- when a target is imported
-
-
 class Outcome:
-    """What one pass of the pipeline decided.
-
-    ``state`` is the record's new state, or ``pending`` (nothing decided: a variant's module is
-    still to come). ``target`` is the last variant resolved (``None``: none was). ``site`` is
-    where an ``applied`` fix sits and ``undo`` the undo the fix returned (``None`` when our fix
-    was already in place). ``rejected``: variants passed over, with their checks' reasons.
-    ``stage`` and ``error``: the step that raised, for ``failed``.
-    """
+    """What one pass decided: ``state``, or ``pending`` (a variant's module is still to come);
+    ``target``, the last variant resolved; ``site``, where an ``applied`` fix sits, and ``undo``, the
+    fix's (``None`` when ours was already in place); ``rejected``: variants passed over, with their
+    checks' reasons; ``stage`` and ``error``: the step that raised, for ``failed``."""
 
     def __init__(
         self,
@@ -133,8 +120,8 @@ def run(
 ) -> Outcome:
     """Decide and, when it applies, install ``patch`` on the first live variant of ``variants``
     (``module``: the module just imported, or ``None`` to conclude from ``sys.modules`` and
-    ``absent``). A variant whose check says unsupported hands over to the next one present.
-    Never raises: an exception in a step is a ``failed`` outcome naming the step."""
+    ``absent``); a variant whose check says unsupported hands over to the next one. Never raises:
+    an exception in a step is a ``failed`` outcome naming the step."""
     stage, target = "resolve", None
     rejected: dict[Target, str] = {}
     try:
@@ -156,7 +143,7 @@ def run(
             placed = patch.reach.in_place is not None and patch.reach.in_place(site)
             if placed or marked_by(site.value) == patch.name or ownership.fixed_through_trigger(patch):
                 return Outcome("applied", f"already in place ({describe(site.value)})", target, site, None, rejected)
-            if copies.in_place(patch):
+            if ownership.in_place(patch):
                 reason = f"already in place: no copy in {', '.join(patch.reach.copies_in)} holds a replaced value"
                 return Outcome("applied", reason, target, site, None, rejected)
             stage = "check"
@@ -167,23 +154,17 @@ def run(
             if verdict is not None and verdict.action != "apply":
                 return Outcome(verdict.action, verdict.reason, target, rejected=rejected)
             stage = "fix"
-            undo = copies.rebind(site, patch.fix(site))
-            applied = _installed_reason(variants, target, rejected)
+            undo = ownership.rebind(site, patch.fix(site))
+            applied = "fix installed"
+            if rejected:  # say which variant, and why the others were passed over
+                position = f"variant {variants.index(target) + 1} of {len(variants)}"
+                applied = f"fix installed on {position} ({target}); passed over: " + " | ".join(rejected.values())
             if verdict is not None and verdict.reason:  # e.g. which other owner's callable the fix replaces
                 applied = f"{applied}; {verdict.reason}"
             return Outcome("applied", applied, target, site, undo, rejected)
     except Exception as exc:
         reason = f"{stage} raised {text.describe(exc)}"
         return Outcome("failed", reason, target, rejected=rejected, stage=stage, error=exc)
-
-
-def _installed_reason(variants: tuple[Target, ...], target: Target, rejected: Mapping[Target, str]) -> str:
-    """``fix installed``; after a passed-over variant, also which variant and why the others were
-    passed over (the record's ``target`` always names the variant applied)."""
-    if not rejected:
-        return "fix installed"
-    position = f"variant {variants.index(target) + 1} of {len(variants)}"
-    return f"fix installed on {position} ({target}); passed over: " + " | ".join(rejected.values())
 
 
 def resolve(
@@ -195,10 +176,9 @@ def resolve(
     absent: Collection[str] = (),
     handover: HandOver | None = None,
 ) -> tuple[Site | None, str | None]:
-    """The first variant found in the live modules (``module`` standing for its own name) and
-    not ``rejected`` by its check; or ``(None, why-unsupported)`` once every variant was imported
-    without it (or is ``absent``, or cannot exist) or was rejected; or ``(None, None)`` while some
-    are still to come."""
+    """The site of the first variant in the live modules (``module`` standing for its own name) not
+    ``rejected``; or ``(None, why-unsupported)`` once every variant was imported without it (or is
+    ``absent``, or cannot exist) or was rejected; or ``(None, None)`` while some are still to come."""
     missing, waiting = [], False
     for target in variants:
         if target in rejected:
@@ -212,9 +192,9 @@ def resolve(
             else:
                 waiting = True
             continue
-        found = ownership.lookup(live, target.qualname)
-        if found is None:
-            missing.append(f"{target} ({ownership.missing(live, target.qualname)})")
+        found = ownership.walk(live, target.qualname)
+        if isinstance(found, str):
+            missing.append(f"{target} ({found})")
             continue
         owner, value = found
         attribute = target.qualname.rpartition(".")[2]
@@ -233,9 +213,7 @@ def initializing(module: ModuleType | None) -> bool:
 
 
 def known_absent(module: str) -> bool:
-    """Whether submodule ``module`` cannot exist: its parent package finished importing and has
-    no such submodule (asking the finders executes nothing), or the parent itself cannot exist
-    (a subpackage a release has not made yet)."""
+    """Whether submodule ``module`` cannot exist: its parent finished importing without it, or cannot exist."""
     parent = module.rpartition(".")[0]
     package = sys.modules.get(parent) if parent else None
     if package is None:

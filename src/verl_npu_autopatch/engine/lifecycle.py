@@ -1,24 +1,16 @@
-"""The engine's life cycle: activation, hook registration, applying each patch as its target is
-imported, and the in-process records (``report``, ``revert``). Its other jobs: ``decision`` (one
-patch's decision, from its gates to its fix), ``log``, and the objects it holds, ``slots.Slots``
-(the patches' slots), ``hooks.Hooks`` and ``applied.AppliedFixes`` (what was installed:
-re-check, hand-over, revert; it acts on the slots); the start-up observer it drives, or a
-:class:`NullObserver`.
-
-Imported on a host without the NPU stack (``report()``, ``activate()``, the vLLM plugin),
+"""The engine's life cycle: activation, one wrapt post-import hook per target module, ``report``
+and ``revert``; ``slots.Slots`` applies and keeps each patch. On a host without the NPU stack,
 :func:`activate` decides "inactive" from the configuration alone, without wrapt, ``logging``,
-``importlib.metadata`` or ``dataclasses``; everything heavier is imported on the active path only.
-"""
+``importlib.metadata`` or ``dataclasses``; anything heavier is imported on the active path only."""
 
 from __future__ import annotations
 
 import _thread
+import sys
 
 from verl_npu_autopatch.bootstrap.startup import OBSERVER
 from verl_npu_autopatch.engine import environment, log
-from verl_npu_autopatch.engine.applied import AppliedFixes
 from verl_npu_autopatch.engine.config import Config, read_config
-from verl_npu_autopatch.engine.hooks import Hooks, blocked_on_us, stack_depth
 from verl_npu_autopatch.engine.log import LOGGER_NAME
 from verl_npu_autopatch.engine.slots import Slot, Slots
 
@@ -35,9 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LOGGER_NAME", "Engine", "NullObserver", "PatchError", "activate", "engine", "report", "revert"]
 
-#: The longest an import in another thread waits for an activation under way: far beyond any
-#: real activation (even on an overloaded host), it only turns a wait the import system cannot
-#: see into a stall instead of a hang.
+#: The longest an import waits for another thread's activation: a stall instead of a hang.
 _WAIT_LIMIT_S = 300.0
 
 
@@ -46,9 +36,7 @@ class PatchError(RuntimeError):
 
 
 class NullObserver:
-    """An observer that does nothing: no start-up hook, nothing to guard, never woken inactive. The
-    process's observer (``startup.OBSERVER``) is the process-wide engine's alone; every other
-    engine (tests, tools) gets this one, so it never touches the process's start-up hook."""
+    """The observer of every engine but the process-wide one: only that one touches the start-up hook."""
 
     inactive_trigger = ""
 
@@ -66,13 +54,10 @@ class NullObserver:
 
 
 class Engine:
-    """Owns one process's patch records. ``activate`` runs once; the rest is driven by imports.
-
-    ``catalog`` and ``config`` default to the built-in catalog (plus entry points) and the environment; tests
-    pass their own. ``observer`` is the process's start-up observer, given to the process-wide engine alone (by
-    default a :class:`NullObserver`). Each patch has one :class:`~.slots.Slot` in :attr:`slots` (their lock
-    also guards the status); its :class:`~.applied.AppliedFixes` is the fixes' ``site.engine`` (:attr:`hand_over`).
-    """
+    """Owns one process's patch records; ``activate`` runs once, the rest is driven by imports.
+    ``catalog`` and ``config`` default to the built-in catalog (plus entry points) and the
+    environment. :attr:`slots` holds each patch's slot (their lock also guards the status and the
+    hooked modules) and is the fixes' ``site.handover``."""
 
     def __init__(
         self,
@@ -82,25 +67,18 @@ class Engine:
     ) -> None:
         self._catalog = catalog
         self._given_config = config
-        self._observer = observer or NullObserver()
-        self.slots = Slots(config)
+        self.observer = observer or NullObserver()
+        self.slots = Slots(config, PatchError)
         self._activation_lock = _thread.RLock()
         self.status: EngineStatus = "not-activated"
-        self.reason = ""
-        self.trigger = ""
-        self.device = ""
+        self.reason = self.trigger = self.device = ""
         self.warnings: list[str] = []
-        self._hooks = Hooks(self._on_import, PatchError)
-        self._installed = AppliedFixes(self.slots, PatchError)
+        self._hooked: set[str] = set()  # modules with a post-import hook
+        self._deferred: set[str] = set()  # modules still executing when their hook was due
         self._activator = 0
         self._observed = False  # the start-up hook was on sys.meta_path when activation began
         self._checked_names = False
         self._out_of_stack_at: int | None = None  # the stack depth an activation ran out of stack at
-
-    @property
-    def observer(self) -> Observer | NullObserver:
-        """The start-up observer this engine drives (a ``NullObserver`` but for the process's)."""
-        return self._observer
 
     def too_deep(self, depth: int | None = None) -> bool:
         """Whether ``depth`` (by default, this call's) is as deep as an activation that ran out of stack."""
@@ -110,30 +88,28 @@ class Engine:
     @property
     def records(self) -> dict[str, Record]:
         """``{patch name: its live record}``, in catalog order."""
-        return self.slots.records()
+        with self.slots.lock:
+            return {name: slot.record for name, slot in self.slots.items()}
+
+    @property
+    def hand_over(self) -> HandOver:
+        """What the fixes' ``site.handover`` is: records, notes, re-applying and yielding."""
+        return self.slots
 
     # ----------------------------------------------------------------- activation
     def activate(self, trigger: str = "api") -> None:
-        """Decide whether to act in this process and, if so, register every patch's hooks.
-
-        Runs once; a concurrent call waits until the first is done, later calls return at once.
-        While it runs, the process-wide engine has the start-up observer guard imports (see
-        ``bootstrap.activation``), so a target imported meanwhile by another thread waits and
-        is patched before its import completes. Never raises, except ``PatchError`` in strict
-        mode. Never called with the interpreter's import lock held (the start-up observer
-        activates from its loader, not from ``find_spec``). Interrupted (``KeyboardInterrupt``,
-        ``SystemExit``: re-raised) or out of stack (``RecursionError``; then tried again only
-        from a shallower stack), it goes back to not activated (:meth:`_abandon`)."""
+        """Decide whether to act in this process and, if so, register every patch's hooks. Runs once
+        (a concurrent call waits: :meth:`_enter`); meanwhile the observer guards other threads'
+        imports. Never raises but ``PatchError`` in strict mode. Interrupted (re-raised) or out of
+        stack (tried again only from a shallower one), it goes back to not activated (:meth:`_abandon`)."""
         depth = stack_depth()
         if self.too_deep(depth) or not self._enter():
             return
-        observer = self._observer
+        observer = self.observer
         try:
             if self.status != "not-activated":
                 return
-            self.status = "activating"
-            self.trigger = trigger
-            self._activator = _thread.get_ident()
+            self.status, self.trigger, self._activator = "activating", trigger, _thread.get_ident()
             self._observed = observer.hooked()
             config = self.slots.config = self.slots.config or read_config()
             self.warnings = list(config.warnings)
@@ -175,34 +151,30 @@ class Engine:
             self._activation_lock.release()
 
     def _abandon(self, why: str = "") -> None:
-        """An activation that cannot finish (interrupted, out of stack, or under way in a thread a
-        fork left behind): back to ``not-activated`` (resuming, where the start-up hook was in
-        place). Live fixes keep their slots; modules imported already are hooked afresh."""
+        """Back to ``not-activated`` from an activation that cannot finish (interrupted, out of stack, or
+        in a thread a fork left behind). Live fixes keep their slots; modules imported are hooked afresh."""
         slots = self.slots
         with slots.lock:
             self.status, self.reason, self.trigger, self.device, self.warnings = "not-activated", why, "", "", []
             for name in [name for name, slot in slots.items() if not slot.live()]:
                 del slots[name]
-            self._hooks.forget_imported()
+            self._hooked -= self._deferred | {name for name in self._hooked if name in sys.modules}
+            self._deferred.clear()
             self._activator, self._checked_names, slots.config = 0, False, self._given_config
-        self._observer.resume_observing(self._observed)
+        self.observer.resume_observing(self._observed)
 
     def after_fork(self) -> None:
-        """In the child of ``os.fork()`` (``activation`` registers the handler): the locks may be
-        held by threads not there; an activation under way in one is abandoned, not in this one."""
+        """In a fork's child: the locks may be held by threads not there; their activation is abandoned."""
         if self.status == "activating" and self._activator == _thread.get_ident():
             return
         self._activation_lock = _thread.RLock()
         self.slots.after_fork()
-        self._hooks.after_fork()
         if self.status == "activating":
             self._abandon()
 
     def _enter(self) -> bool:
-        """Take the activation lock, waiting for an activation under way in another thread.
-        Gives up (``False``) if that thread waits for a module this thread is importing, which
-        would otherwise deadlock, or after ``_WAIT_LIMIT_S`` (a wait the import system cannot
-        see, e.g. a plugin joining a thread that imports): a stall, never a hang."""
+        """Take the activation lock; give up if its holder waits for a module this thread imports
+        (a deadlock), or after ``_WAIT_LIMIT_S`` (a wait the import system cannot see): a stall, never a hang."""
         lock = self._activation_lock
         for _ in range(int(_WAIT_LIMIT_S / 0.05)):
             if lock.acquire(timeout=0.05):
@@ -236,14 +208,14 @@ class Engine:
         for name in loaded.skipped:
             reason = "turned off by VERL_NPU_AUTOPATCH_DISABLE; its module was not imported"
             self._entry_point_record(name, "disabled", reason)
-        patches = loaded.patches
-        logger.debug("catalog: %d patches, entry points %s", len(patches), ", ".join(loaded.entry_points) or "none")
+        entry_points = ", ".join(loaded.entry_points) or "none"
+        logger.debug("catalog: %d patches, entry points %s", len(loaded.patches), entry_points)
         unique, duplicates = loaded.unique()
         for text in duplicates:
             self.warnings.append(text)
             logger.warning("%s", text)
         tops = {t.module.partition(".")[0] for p in unique.values() for t in p.hooks}
-        self._observer.guard(self._activator, tops)  # from now on guard only the target packages
+        self.observer.guard(self._activator, tops)  # from now on guard only the target packages
         findable: dict[str, bool] = {}
         plans = {name: decision.plan(patch, config, findable) for name, patch in unique.items()}
         with slots.lock:
@@ -259,38 +231,104 @@ class Engine:
         for name, plan in plans.items():
             if name not in kept:
                 slots.set_state(slots[name].record, plan.state, plan.reason)
-        self._hooks.register(wanted)
+        self._register(wanted)
         if config.strict and loaded.errors:
             name, error, exc = loaded.errors[0]
             raise PatchError(f"{name}: {error}") from exc
 
-    # ----------------------------------------------------------------- application
-    def module_loaded(self, module: ModuleType) -> None:
-        """A target module finished executing outside wrapt's view (the package whose import
-        activated the engine): apply its pending patches now. Raises only in strict mode."""
-        self._hooks.loaded(module.__name__)
-        self._hooks.notify(module)
+    # ----------------------------------------------------------------- post-import hooks
+    def _register(self, wanted: Iterable[str]) -> None:
+        """A wrapt hook on each module of ``wanted`` not hooked yet; one already imported is handled at
+        once (strict-mode errors raised once all are hooked), one still executing is deferred."""
+        import wrapt
 
-    def module_failed(self, module: ModuleType) -> None:
-        """A target module deferred at hook registration raised while executing (its import
-        fails, and may be retried): hook its next import, as if it had never been imported."""
-        self._hooks.failed(module)
+        from verl_npu_autopatch.engine.decision import initializing
+
+        with self.slots.lock:
+            modules = [module for module in wanted if module not in self._hooked]
+        errors = []
+        for module in modules:
+            if initializing(sys.modules.get(module)):
+                with self.slots.lock:
+                    self._deferred.add(module)
+                    self._hooked.add(module)
+                continue
+            log.logger().debug("post-import hook on %s", module)
+            try:
+                wrapt.register_post_import_hook(self._on_import, module)
+            except PatchError as error:
+                errors.append(error)
+            with self.slots.lock:  # one by one: an interrupted activation registers the rest later
+                self._hooked.add(module)
+        if errors:
+            raise errors[0]
 
     def _on_import(self, module: ModuleType) -> None:
-        """wrapt post-import hook: apply every pending patch that targets ``module``."""
-        self._hooks.catch_up()
-        errors = self._installed.on_import(module)
+        """The post-import hook. Interrupted (Ctrl-C), the import under way fails: its retry is hooked."""
+        try:
+            self._catch_up()
+            errors = self.slots.on_import(module)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C, SystemExit
+                from verl_npu_autopatch.engine.decision import initializing
+
+                name = getattr(module, "__name__", "")
+                if name and initializing(sys.modules.get(name)):
+                    with self.slots.lock:
+                        self._deferred.discard(name)
+                        self._hooked.add(name)
+                    self._hook_again(name, sys.modules[name])
+            raise
         if errors:
             raise PatchError("; ".join(str(e) for e in errors)) from errors[0]
 
+    def module_loaded(self, module: ModuleType) -> None:
+        """A module finished executing outside wrapt's view (the package whose import activated the engine)."""
+        with self.slots.lock:
+            self._deferred.discard(module.__name__)
+        self._on_import(module)
+
+    def module_failed(self, module: ModuleType) -> None:
+        """A deferred module raised while executing: hook its next import, as if it had never been imported."""
+        name = module.__name__
+        with self.slots.lock:
+            if name not in self._deferred:
+                return
+            self._deferred.discard(name)
+        self._hook_again(name, module)
+
+    def _hook_again(self, name: str, module: object = None) -> None:
+        """Hook the next import of ``name``, whose import failed."""
+        import wrapt
+
+        if module is not None and sys.modules.get(name) is module:
+            del sys.modules[name]  # as the import system does next; wrapt hooks only what is not loaded
+        log.logger().debug("post-import hook on %s (its import failed)", name)
+        wrapt.register_post_import_hook(self._on_import, name)
+
+    def _catch_up(self) -> None:
+        """Handle the deferred modules that finished executing since; hook those whose import failed."""
+        if not self._deferred:
+            return
+        from verl_npu_autopatch.engine.decision import initializing
+
+        with self.slots.lock:
+            ready = [m for m in self._deferred if m in sys.modules and not initializing(sys.modules[m])]
+            failed = [m for m in self._deferred if m not in sys.modules]
+            self._deferred.difference_update(ready + failed)
+        for name in failed:
+            self._hook_again(name)
+        for name in ready:
+            self._on_import(sys.modules[name])
+
     def pending_modules(self) -> list[str]:
         """Modules still awaited by pending patches, in catalog order (``doctor``)."""
-        return self._installed.pending_modules()
+        return self.slots.pending_modules()
 
     def settle(self, absent: Iterable[str] = ()) -> None:
-        """Conclude pending patches once every target that can be imported was (``doctor``): ``absent`` names
-        modules that do not exist here; a patch none of whose variants can be found any more becomes ``unsupported``."""
-        self._installed.settle(absent, self._hooks.catch_up)
+        """Conclude pending patches once every target that can be imported was (``doctor``); ``absent``:
+        modules that do not exist here."""
+        self.slots.settle(absent, self._catch_up)
 
     # ----------------------------------------------------------------- records
     def _entry_point_record(self, name: str, state: RecordState, reason: str, exc: BaseException | None = None) -> None:
@@ -302,8 +340,7 @@ class Engine:
         self.slots.set_state(record, state, reason, exc)
 
     def check_names(self) -> None:
-        """On a host where the engine stayed inactive, warn about ENABLE/DISABLE names that match
-        nothing (this loads the catalog, so it runs only for ``report()`` and ``doctor``)."""
+        """Inactive: warn about ENABLE/DISABLE names that match nothing (loads the catalog: ``report()`` only)."""
         config = self.slots.config
         if self._checked_names or config is None or not (config.enable or config.disable):
             return
@@ -324,26 +361,24 @@ class Engine:
         for text in dict.fromkeys(self.warnings):
             log.logger().warning("%s", text)
 
-    # ----------------------------------------------------------------- public helpers
     def report(self) -> Report:
         """A snapshot of the records, each re-checked against the live attribute first."""
         from verl_npu_autopatch.engine.records import Report
 
-        self._installed.recheck()
+        self.slots.recheck()
         with self.slots.lock:
-            records = [record for name in self.slots if (record := self._installed.record(name)) is not None]
+            records = [slot.record.copy() for slot in self.slots.values()]
             return Report(self.status, self.reason, self.trigger, self.device, records, list(self.warnings))
 
     def revert(self, name: str | None = None) -> list[str]:
-        """Undo applied patches (all, one by name, or a group; :meth:`~.applied.AppliedFixes.revert`);
-        a name of no patch or group reverts nothing and logs one warning with the closest names."""
+        """:meth:`~.slots.Slots.revert`; a name of no patch or group logs a warning with the closest names."""
         if name is not None and (not isinstance(name, str) or name not in (known := self._names())):
             from verl_npu_autopatch.engine.config import closest, shown
 
             text, hint = (shown(name), closest(name, known)) if isinstance(name, str) else (type(name).__name__, "")
             log.logger().warning("revert(%s): no patch or group has this name; %snothing reverted", text, hint)
             return []
-        return self._installed.revert(name)
+        return self.slots.revert(name)
 
     def _names(self) -> set[str]:  # the patch and group names revert() knows: this engine's, else the catalog's
         from verl_npu_autopatch.engine import catalog
@@ -352,17 +387,39 @@ class Engine:
             patches, records = [s.patch for s in self.slots.values() if s.patch is not None], set(self.slots)
         return records | catalog.names_and_groups(patches if records else self._catalog or catalog.declared())
 
-    @property
-    def hand_over(self) -> HandOver:
-        """What the fixes' ``site.engine`` is: the records, notes, re-applying and yielding of
-        patches that arbitrate (:class:`~.applied.AppliedFixes`)."""
-        return self._installed
+
+def blocked_on_us(activator: int) -> bool:
+    """Whether thread ``activator`` waits, through a chain of module locks, for one this thread holds
+    (the import system's ``_blocking_on``): an import held for the activation must then go on."""
+    try:
+        blocking = getattr(sys.modules.get("_frozen_importlib"), "_blocking_on", None)
+        me, seen = _thread.get_ident(), set()
+        thread: int | None = activator
+        while blocking and thread not in seen:
+            seen.add(thread)
+            locks = blocking.get(thread)
+            if locks is None:
+                return False
+            owners = [getattr(lock, "owner", None) for lock in (locks if isinstance(locks, list) else [locks])]
+            if me in owners:
+                return True
+            thread = next((owner for owner in owners if owner is not None), None)
+        return False
+    except Exception:  # private CPython bookkeeping whose shape may change: then no deadlock is seen
+        return False
+
+
+def stack_depth() -> int:
+    """How many frames deep the caller is (an activation that ran out of stack is retried only from a shallower one)."""
+    frame, depth = sys._getframe(1), 1
+    while frame.f_back is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
 
 
 # --------------------------------------------------------------------- process-wide engine
 #: The process's engine, kept on its observer (kept by ``sys``: ``startup.ANCHOR``), so a reload or
 #: a fresh copy of this module (``mock.patch.dict(sys.modules)``) has the same one, records and all.
-#: It alone has the process's observer guard imports while it activates (the composition root).
 _ENGINE: Engine = OBSERVER.engine or Engine(observer=OBSERVER)
 OBSERVER.engine = _ENGINE
 
@@ -373,15 +430,12 @@ def engine() -> Engine:
 
 
 def activate(trigger: str = "api") -> None:
-    """Activate the process-wide engine (idempotent; the engine removes the start-up observer
-    when done). Use it where ``.pth`` files are not processed: ``python -S``, embedded
-    interpreters, code on ``PYTHONPATH`` only."""
+    """Activate the process-wide engine (idempotent), e.g. where ``.pth`` files are not processed."""
     _ENGINE.activate(trigger)
 
 
 def report() -> Report:
-    """What the process-wide engine decided so far, patch by patch, with the configuration
-    warnings (also on hosts where it stays inactive)."""
+    """What the process-wide engine decided so far, with the configuration warnings (also inactive)."""
     if _ENGINE.status == "not-activated":
         if _ENGINE.observer.inactive_trigger:
             _ENGINE.activate(_ENGINE.observer.inactive_trigger)  # the start-up hook found it inactive; say why

@@ -1,13 +1,13 @@
-"""Ownership: where each applied patch installed what, re-checked against the live attribute.
+"""Ownership: an ``applied`` record is a claim about the live attribute, re-checked whenever it is
+read (:func:`recheck`): if our value no longer runs at the target (or an enclosing callable,
+``Reach.via``, or a further declared site), the record becomes ``yielded`` when a ``yields_to``
+detector recognises the new owner, else ``superseded`` naming it.
 
-An ``applied`` record is a claim about the live attribute. :func:`recheck` re-checks it whenever a
-record is read: if our installed value is no longer what the target (or an enclosing callable
-the target is only reached through, ``Reach.via``) holds, the record becomes ``yielded`` when one
-of the patch's ``yields_to`` detectors recognises the new owner, else ``superseded`` naming it
-(``module.qualname``), or ``superseded: module reloaded`` when the module was re-executed or
-replaced in ``sys.modules``. :class:`Reexecutions` answers ``importlib.reload`` of a patched module
-and fresh imports of its name (wrapt's hooks fire once per name), through the start-up observer:
-the engine applies the fix again.
+Copies: a module that ran ``from pkg.mod import name`` before a fix keeps the upstream object; for
+a patch declaring ``Reach.copies_in``, :func:`rebind` moves each copy in those packages to the fix's
+value (and back on undo), and each copy is a declared site (:func:`sites`). With ``Reach.stale_values``
+(another owner replaced the target, e.g. vllm-ascend's ``FusedMoE``, after modules copied it) the
+copies of the earlier value move to the target's live value instead.
 """
 
 from __future__ import annotations
@@ -15,96 +15,58 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from itertools import repeat
+from operator import is_
 from types import ModuleType
 from typing import Any, Literal
 
 from verl_npu_autopatch.authoring.patching import ABSENT, marked_by, origin
 from verl_npu_autopatch.authoring.spec import Patch, Site, Target
-from verl_npu_autopatch.engine import copies
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from verl_npu_autopatch.authoring.handover import HandOver
+    from verl_npu_autopatch.authoring.spec import Undo
     from verl_npu_autopatch.engine.records import RecordState
-
-__all__ = [
-    "RECHECKED_STATES",
-    "THROUGH_TARGET",
-    "Checks",
-    "Footprint",
-    "Reexecutions",
-    "declared_values",
-    "detect",
-    "enclosing_owner",
-    "installation",
-    "is_ours",
-    "live_module",
-    "lookup",
-    "missing",
-    "reached_through_target",
-    "recheck",
-    "site_value",
-    "via_targets",
-    "yielded_reason",
-]
 
 #: Attribute on an undo whose fix installed elsewhere but runs only while the target holds the
 #: value the fix left there (an experts implementation the target's dispatcher looks up).
 THROUGH_TARGET = "verl_npu_autopatch_through_target"
 
-#: Record states a re-check may move between (``applied`` and the displaced states).
-RECHECKED_STATES: tuple[RecordState, ...] = ("applied", "superseded", "yielded")
-
-#: What :func:`recheck` checks on the target of an :class:`Footprint`: ``ours``, the fix
-#: replaced it and any other value there displaces us; ``through``, the fix installed elsewhere
-#: and runs only through upstream's value left there, which any value but one of ours displaces;
-#: ``reload``, the fix installed elsewhere and is checked for reloads only.
+#: What :func:`recheck` expects at a :class:`Footprint`'s target: ``ours`` (the fix replaced it),
+#: ``through`` (the fix runs only through upstream's value left there: any value but ours displaces
+#: it) or ``reload`` (the fix installed elsewhere: checked for reloads only).
 Checks = Literal["ours", "through", "reload"]
 
 
 class Footprint:
-    """What an applied patch left where: ``owner.attribute`` holding ``value`` on ``module`` (as
-    executed under ``spec``; ``checks`` says what verification expects of it), the raw value
-    of each enclosing callable it is reached through, and the value it left at each further
-    declared site it changed (``also``, keyed ``module:path``: :func:`declared_values`)."""
+    """What an applied patch left: ``target`` holding ``value`` on ``module`` (executed under ``spec``),
+    each enclosing callable's value (``via``), each further declared site's (``also``)."""
 
     def __init__(
         self,
         target: Target,
         module: ModuleType,
         spec: Any,
-        owner: Any,
-        attribute: str,
         value: Any,
         reason: str,
-        via: dict[Target, Any] | None = None,
-        checks: Checks = "ours",
-        also: dict[str, Any] | None = None,
+        via: dict,
+        checks: Checks,
+        also: dict,
     ) -> None:
-        self.target, self.module, self.spec, self.owner, self.attribute = target, module, spec, owner, attribute
-        self.value, self.reason, self.checks = value, reason, checks
-        self.via: dict[Target, Any] = {} if via is None else via
-        self.also: dict[str, Any] = {} if also is None else also
+        self.target, self.module, self.spec, self.value = target, module, spec, value
+        self.reason, self.via, self.checks, self.also = reason, via, checks, also
 
 
 def lookup(module: ModuleType, qualname: str) -> tuple[Any, Any] | None:
-    """``(holder, raw attribute)`` of ``qualname`` in ``module``, or ``None`` when it is missing
-    (:func:`missing` says why)."""
-    found = _walk(module, qualname)
+    """``(holder, raw attribute)`` of ``qualname`` in ``module``, or ``None`` when it is missing."""
+    found = walk(module, qualname)
     return found if isinstance(found, tuple) else None
 
 
-def missing(module: ModuleType, qualname: str) -> str:
-    """Why :func:`lookup` finds no ``qualname`` in ``module``: the first part that is not there."""
-    found = _walk(module, qualname)
-    return found if isinstance(found, str) else "attribute is present"
-
-
-def _walk(module: ModuleType, qualname: str) -> tuple[Any, Any] | str:
-    """The one dotted-name walk: ``(holder, raw attribute)``, or why the walk stopped. The last
-    part is read with ``getattr_static`` (a ``staticmethod`` stays one); a part that is present
-    but ``None`` counts as missing."""
+def walk(module: ModuleType, qualname: str) -> tuple[Any, Any] | str:
+    """``(holder, raw attribute)`` or why not; the last part read statically (a ``staticmethod`` stays one)."""
     holder: Any = module
     parts = qualname.split(".")
     for depth, part in enumerate(parts):
@@ -136,36 +98,29 @@ def site_value(module: ModuleType, path: str) -> Any:
 
 
 def declared_values(patch: Patch) -> dict[str, Any]:
-    """Each further site ``patch`` declares (``secondary``, the targets of a patch hooked on its
-    ``triggers`` unless it declares ``stale``, ``computed`` and ``copies`` found live) -> its raw
-    live value, keyed ``module:path``; a site whose module is not imported is left out."""
+    """``module:path`` -> raw live value of each further site ``patch`` declares whose module is
+    imported: ``secondary``, a trigger-hooked patch's targets (unless ``stale``), ``computed``, copies."""
     values = {}
-    for target in (
-        *patch.reach.secondary,
-        *(patch.targets if patch.reach.triggers and patch.reach.stale_values is None else ()),
-    ):
+    reach = patch.reach
+    for target in (*reach.secondary, *(patch.targets if reach.triggers and reach.stale_values is None else ())):
         module = sys.modules.get(target.module)
         if module is not None:
             values[str(target)] = site_value(module, target.qualname)
-    for family in patch.reach.computed:
+    for family in reach.computed:
         live = sys.modules.get(family.module)
         if live is not None:
             values.update({f"{family.module}:{path}": site_value(live, path) for path in family.find(live)})
-    return {**values, **copies.sites(patch)}
+    return {**values, **sites(patch)}
 
 
 def _lookup_in(target: Target, module: ModuleType) -> tuple[Any, Any] | None:
-    """:func:`lookup` of ``target`` in its own module: ``module`` when that is the one, else the
-    imported module of that name (``None`` while it is not imported)."""
-    if target.module != module.__name__:
-        other = sys.modules.get(target.module)
-        return None if other is None else lookup(other, target.qualname)
-    return lookup(module, target.qualname)
+    """:func:`lookup` of ``target`` in ``module`` when that is its module, else in its imported module."""
+    live = module if target.module == module.__name__ else sys.modules.get(target.module)
+    return None if live is None else lookup(live, target.qualname)
 
 
-def via_targets(patch: Patch, target: Target) -> tuple[Target, ...]:
-    """The enclosing callables of ``patch`` that apply to the chosen variant ``target``
-    (a variant that *is* the enclosing callable is not reached through itself)."""
+def _via_targets(patch: Patch, target: Target) -> tuple[Target, ...]:
+    """The enclosing callables of ``patch`` for the chosen variant ``target`` (not itself)."""
     return tuple(v for v in patch.reach.via if (v.module, v.qualname) != (target.module, target.qualname))
 
 
@@ -178,38 +133,48 @@ def detect(patch: Patch, site: Site) -> str | None:
     return None
 
 
+def _owner(
+    patch: Patch,
+    target: Target,
+    module: ModuleType,
+    found: tuple[Any, Any],
+    versions: Mapping[str, str | None],
+    engine: Any,
+) -> str | None:
+    """:func:`detect` at ``target`` in ``module``, where ``found`` is ``(holder, live value)``."""
+    attribute = target.qualname.rpartition(".")[2]
+    return detect(patch, Site(patch, target, module, found[0], attribute, found[1], dict(versions), engine))
+
+
 def reached_through_target(undo: Any) -> Any:
-    """Mark the undo of a fix that left its target untouched but runs only through it, so
-    another owner replacing the target displaces the fix (see :func:`installation`)."""
+    """Mark the undo of a fix that left its target untouched but runs only through it, so another
+    owner replacing the target displaces the fix (see :func:`installation`)."""
     setattr(undo, THROUGH_TARGET, True)
     return undo
 
 
 def installation(site: Site, reason: str, undo: Any = None) -> Footprint:
-    """Remember what the fix left at ``site`` (read back live), the enclosing callables' values
-    now, and the ``applied`` reason (restored if our value comes back). A fix that left the
-    target itself untouched (it installs elsewhere) is checked for reloads only, unless its undo
-    says it is reached only through the target (:func:`reached_through_target`): then the value
-    left there is remembered, and another owner replacing it displaces the fix."""
+    """The footprint of the fix at ``site``, read back live, with the ``applied`` reason (restored if
+    our value comes back). A fix that left the target untouched is checked for reloads only, unless
+    its undo says it runs only through the target (:func:`reached_through_target`)."""
     found = lookup(site.module, site.target.qualname)
-    owner, value = found if found is not None else (site.owner, site.value)
+    value = site.value if found is None else found[1]
     checks: Checks = "ours"
     if value is site.value and marked_by(value) != site.patch.name:  # the target holds upstream's value
         checks = "through" if getattr(undo, THROUGH_TARGET, False) else "reload"
     via = {}
-    for target in via_targets(site.patch, site.target):
+    for target in _via_targets(site.patch, site.target):
         enclosing = _lookup_in(target, site.module)
         if enclosing is not None:
             via[target] = enclosing[1]
     spec = getattr(site.module, "__spec__", None)
-    copy_sites = copies.sites(site.patch)  # a copy holds its source's live value: ours, or another owner's (stale)
+    copy_sites = sites(site.patch)  # a copy holds its source's live value: ours, or another owner's (stale)
     also = {w: v for w, v in declared_values(site.patch).items() if marked_by(v) == site.patch.name or w in copy_sites}
-    return Footprint(site.target, site.module, spec, owner, site.attribute, value, reason, via, checks, also)
+    return Footprint(site.target, site.module, spec, value, reason, via, checks, also)
 
 
 def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver | None) -> tuple[RecordState, str]:
-    """``(state, reason)`` of an applied patch against the live modules: ``applied`` (with the
-    reason it was applied) while our value is still what runs, else ``yielded`` / ``superseded``
+    """``(state, reason)``: ``applied`` while our value still runs, else ``yielded`` / ``superseded``
     naming the live owner."""
     name = installed.target.module
     live = sys.modules.get(name)
@@ -220,39 +185,11 @@ def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver
     found = lookup(live, installed.target.qualname)
     if found is None:
         return "superseded", f"{installed.target} no longer exists"
-    holder, value = found
-    replaced = installed.checks != "reload" and value is not installed.value
-    if replaced and not (installed.checks == "through" and is_ours(value)):
-        site = Site(patch, installed.target, live, holder, installed.attribute, value, dict(versions), engine)
-        other = detect(patch, site)
-        if other:
-            return "yielded", f"target owned by {other}"
-        return "superseded", f"replaced by {origin(value)}"
-    displaced = _displaced_site(patch, versions, installed, engine)
-    if displaced is not None:
-        return displaced
-    for target, before in installed.via.items():
-        enclosing = _lookup_in(target, live)
-        if enclosing is None:
-            return "superseded", f"enclosing {target.qualname} no longer exists"
-        holder, value = enclosing
-        if value is before or is_ours(value):
-            continue
-        module = sys.modules.get(target.module, live)
-        site = Site(patch, target, module, holder, target.qualname.rpartition(".")[2], value, dict(versions), engine)
-        other = detect(patch, site)
-        if other:
-            return "yielded", f"target owned by {other} (only reached through {target.qualname})"
-        return "superseded", f"only reached through {target.qualname}, now {origin(value)}"
-    return "applied", installed.reason
-
-
-def _displaced_site(
-    patch: Patch, versions: dict, installed: Footprint, engine: HandOver | None
-) -> tuple[RecordState, str] | None:
-    """``(state, reason)`` when a further declared site the fix changed no longer holds our
-    value (another owner's: ``yielded`` when a detector recognises it), else ``None``."""
-    for where, before in installed.also.items():
+    moved = installed.checks != "reload" and found[1] is not installed.value
+    if moved and not (installed.checks == "through" and is_ours(found[1])):
+        other = _owner(patch, installed.target, live, found, versions, engine)
+        return ("yielded", f"target owned by {other}") if other else ("superseded", f"replaced by {origin(found[1])}")
+    for where, before in installed.also.items():  # a further declared site the fix changed
         module_name, _, path = where.partition(":")
         module = sys.modules.get(module_name)
         value = ABSENT if module is None else site_value(module, path)
@@ -260,20 +197,26 @@ def _displaced_site(
             continue
         if module is None or value is ABSENT:
             return "superseded", f"also changes {where}, which no longer exists"
-        found = lookup(module, path) if "[" not in path else None
-        if found is not None:
-            target = Target(module_name, path)
-            site = Site(patch, target, module, found[0], path.rpartition(".")[2], value, dict(versions), engine)
-            other = detect(patch, site)
-            if other:
-                return "yielded", f"target owned by {other} (also changes {where})"
+        at = lookup(module, path) if "[" not in path else None
+        other = None if at is None else _owner(patch, Target(module_name, path), module, at, versions, engine)
+        if other:
+            return "yielded", f"target owned by {other} (also changes {where})"
         return "superseded", f"also changes {where}, now {origin(value)}"
-    return None
+    for target, before in installed.via.items():
+        enclosing = _lookup_in(target, live)
+        if enclosing is None:
+            return "superseded", f"enclosing {target.qualname} no longer exists"
+        if enclosing[1] is before or is_ours(enclosing[1]):
+            continue
+        other = _owner(patch, target, sys.modules.get(target.module, live), enclosing, versions, engine)
+        if other:
+            return "yielded", f"target owned by {other} (only reached through {target.qualname})"
+        return "superseded", f"only reached through {target.qualname}, now {origin(enclosing[1])}"
+    return "applied", installed.reason
 
 
 def fixed_through_trigger(patch: Patch) -> bool:
-    """A patch hooked on a trigger whose every target already holds its fix (decided again after
-    the trigger module was executed anew): the fix is in place."""
+    """A trigger-hooked patch whose every target holds its fix already (the trigger re-executed)."""
     if not patch.reach.triggers:
         return False
     targets = {str(t) for t in patch.targets}
@@ -282,30 +225,23 @@ def fixed_through_trigger(patch: Patch) -> bool:
 
 
 def enclosing_owner(patch: Patch, site: Site) -> str | None:
-    """At apply time: the other owner a detector recognises on an enclosing callable, as the
-    ``yielded`` reason, or ``None``."""
-    for target in via_targets(patch, site.target):
+    """The other owner a detector recognises on an enclosing callable, as a ``yielded`` reason."""
+    for target in _via_targets(patch, site.target):
         enclosing = _lookup_in(target, site.module)
-        if enclosing is None:
-            continue
-        holder, value = enclosing
-        attribute = target.qualname.rpartition(".")[2]
         module = sys.modules.get(target.module, site.module)
-        other = detect(patch, Site(patch, target, module, holder, attribute, value, site.versions, site.engine))
+        other = None if enclosing is None else _owner(patch, target, module, enclosing, site.versions, site.engine)
         if other:
             return f"target owned by {other} (only reached through {target.qualname})"
     return None
 
 
 def yielded_reason(patch: Patch, target: Target, versions: dict, engine: HandOver | None) -> str | None:
-    """The ``yielded`` reason of a patch that left ``target`` to another owner at apply time, as
-    the detectors see the live target now, or ``None`` when none recognises its owner."""
+    """The ``yielded`` reason for ``target`` as the detectors see it now (``None``: none recognises its owner)."""
     module = sys.modules.get(target.module)
     found = None if module is None else lookup(module, target.qualname)
     if module is None or found is None:
         return None
-    holder, value = found
-    site = Site(patch, target, module, holder, target.qualname.rpartition(".")[2], value, dict(versions), engine)
+    site = Site(patch, target, module, found[0], target.qualname.rpartition(".")[2], found[1], dict(versions), engine)
     other = detect(patch, site)
     return f"target owned by {other}" if other else enclosing_owner(patch, site)
 
@@ -315,16 +251,117 @@ def is_ours(value: Any) -> bool:
     return marked_by(value) is not None
 
 
+def within(name: str, packages: tuple[str, ...]) -> bool:
+    """Whether module ``name`` is one of ``packages`` or inside one."""
+    return name in packages or name.startswith(tuple(f"{p}." for p in packages))
+
+
+def holders(packages: tuple[str, ...]) -> list[ModuleType]:
+    """The imported modules of ``packages`` (a snapshot of ``sys.modules``)."""
+    inside = tuple(f"{p}." for p in packages)
+    return [m for n, m in list(sys.modules.items()) if (n in packages or n.startswith(inside)) and m is not None]
+
+
+def _globals_holding(packages: tuple[str, ...], value: Any, skip: str) -> Iterator[tuple[ModuleType, str]]:
+    """``(module, global name)`` of every global in the imported modules of ``packages`` that is
+    ``value``, except ``skip`` (``module:name``, the target)."""
+    for module in holders(packages):
+        namespace = getattr(module, "__dict__", {})
+        if not any(map(is_, list(namespace.values()), repeat(value))):  # at C speed: most modules hold none
+            continue
+        for name, held in list(namespace.items()):
+            if held is value and f"{module.__name__}:{name}" != skip:
+                yield module, name
+
+
+def _live(target: Target) -> Any:
+    """The value module-level ``target`` holds now (``None`` when its module is not imported)."""
+    module = sys.modules.get(target.module)
+    return None if module is None or "." in target.qualname else vars(module).get(target.qualname)
+
+
+def replaced(patch: Patch) -> list[tuple[Target, Any, Any]]:
+    """``(target, earlier value, live value)`` of each target of ``patch.reach.stale_values`` another owner replaced."""
+    earlier = patch.reach.stale_values() if patch.reach.stale_values is not None else {}
+    found = []
+    for target, before in earlier.items():
+        live = _live(target)
+        if before is not None and live is not None and live is not before:
+            found.append((target, before, live))
+    return found
+
+
+def sites(patch: Patch) -> dict[str, Any]:
+    """``module:name`` -> value of every global in the imported modules of ``patch.reach.copies_in``
+    holding the live value of a module-level target (of a replaced one, for a patch declaring ``stale``)."""
+    found: dict[str, Any] = {}
+    if not patch.reach.copies_in:
+        return found
+    stale = patch.reach.stale_values is not None
+    sources = [(t, live) for t, _, live in replaced(patch)] if stale else [(t, _live(t)) for t in patch.targets]
+    for target, value in sources:
+        if value is not None:
+            found.update(
+                (f"{m.__name__}:{n}", value) for m, n in _globals_holding(patch.reach.copies_in, value, str(target))
+            )
+    return found
+
+
+def left_behind(patch: Patch) -> list[str]:
+    """``module:name`` of every copy still holding the earlier value of a replaced target (``stale``)."""
+    return [
+        f"{m.__name__}:{n}"
+        for target, before, _ in replaced(patch)
+        for m, n in _globals_holding(patch.reach.copies_in, before, str(target))
+    ]
+
+
+def in_place(patch: Patch) -> bool:
+    """Whether a patch declaring ``stale`` has nothing left to do: a target replaced, no copy of an earlier value."""
+    return patch.reach.stale_values is not None and bool(replaced(patch)) and not left_behind(patch)
+
+
+def _pairs(site: Site) -> list[tuple[Target, Any, Any]]:
+    """``(target, earlier, live)`` whose copies the fix at ``site`` rebinds: the replaced targets
+    (``stale``), else the module-level target the fix replaced itself."""
+    patch = site.patch
+    if patch.reach.stale_values is not None:
+        return replaced(patch)
+    if site.owner is not site.module or site.target not in patch.targets:
+        return []
+    fixed = vars(site.module).get(site.attribute)
+    return [] if fixed is None or fixed is site.value else [(site.target, site.value, fixed)]
+
+
+def rebind(site: Site, undo: Undo) -> Undo:
+    """After the fix at ``site``: rebind every copy of an earlier value to its target's live value. The
+    undo returned puts the earlier value back where the live one still is (in copies taken since
+    too when that value is the fix's own, which leaves with the undo), then runs ``undo``."""
+    pairs = _pairs(site) if site.patch.reach.copies_in else []
+    if not pairs:
+        return undo
+    packages, rebound = site.patch.reach.copies_in, set()
+    for target, before, live in pairs:
+        for module, name in list(_globals_holding(packages, before, str(target))):
+            setattr(module, name, live)
+            rebound.add((module, name))
+    own = site.patch.reach.stale_values is None
+
+    def restore() -> None:
+        for target, before, live in pairs:
+            for module, name in list(_globals_holding(packages, live, str(target))):
+                if own or (module, name) in rebound:
+                    setattr(module, name, before)
+        undo()
+
+    return restore
+
+
 class _ReexecLoader:
-    """Wraps a module's loader for one re-execution (``importlib.reload``, or a fresh import of a
-    name whose earlier module was patched): runs it, restores the module's own loader, then calls
-    back with what ``sys.modules`` holds now (so the engine can apply the fix again)."""
+    """A module's loader for one re-execution: runs it, puts the module's own back, calls back."""
 
     def __init__(self, loader: Any, spec: Any, callback: Callable[[ModuleType, str], None], how: str) -> None:
-        self._loader = loader
-        self._spec = spec
-        self._callback = callback
-        self._how = how
+        self._loader, self._spec, self._callback, self._how = loader, spec, callback, how
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
@@ -340,36 +377,25 @@ class _ReexecLoader:
             if getattr(module, "__loader__", None) is self:
                 module.__loader__ = self._loader
         try:
-            self._callback(live_module(module), self._how)
+            live = sys.modules.get(module.__name__)  # another object when the module replaced itself there
+            self._callback(module if live is None else live, self._how)
         except Exception:  # never break the user's import; recheck() then says "module reloaded"
             pass
 
 
-def live_module(module: ModuleType) -> ModuleType:
-    """What importers of ``module``'s name get: ``sys.modules`` holds another object when the module
-    replaced itself there while executing (the lazy-module idiom of transformers)."""
-    live = sys.modules.get(module.__name__)
-    return module if live is None else live
-
-
 class Reexecutions:
-    """What answers a re-execution of a module whose fix went in: ``importlib.reload``
-    (``find_spec`` with a ``target``) or a fresh import of its name (the module was deleted from
-    ``sys.modules``: test-isolation fixtures, hot-reload tools). The start-up observer, the one
-    finder of ours, hands it those names (:attr:`names`, the modules ever patched: ``watch``);
-    it wraps the real loader found by the finders after the observer, so the engine applies the
-    fix again (wrapt's post-import hooks fire once per name)."""
+    """Answers a re-execution of a module a fix went in on (``importlib.reload``, or a fresh import
+    after it left ``sys.modules``; wrapt's hooks fire once per name): the start-up observer hands it
+    the :attr:`names`; it wraps the real loader so the engine applies the fix again."""
 
     def __init__(self, wanted: Callable[[str], bool], callback: Callable[[ModuleType, str], None]) -> None:
-        self._wanted = wanted
-        self._callback = callback
+        self._wanted, self._callback = wanted, callback
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self.names: set[str] = set()  # the modules a fix went in on (a superset of those watched now)
 
     def spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        """The spec of ``name`` with a loader that calls back once it executed, or ``None`` (not a
-        module of an applied fix, or the finders after the observer do not have it)."""
+        """The spec of ``name`` with a loader that calls back once it executed, or ``None``."""
         if name not in self.names or name in self._busy:
             return None
         try:
