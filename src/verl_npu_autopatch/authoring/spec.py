@@ -1,6 +1,7 @@
-"""The declarative patch spec: everything a patch touches, when it may run, how it checks and fixes."""
+"""The declarative patch spec: everything a patch touches, when it may run, how it checks and fixes.
 
-from __future__ import annotations
+No ``from __future__ import annotations``: a ``NamedTuple`` compiles each string annotation (a
+``ForwardRef``) as its class is made, at every activation; only the forward references are quoted."""
 
 import sys
 from collections.abc import Callable, Mapping
@@ -41,7 +42,7 @@ class Target(NamedTuple):
     requires: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, text: str, *requires: str) -> Target:
+    def parse(cls, text: str, *requires: str) -> "Target":
         """``Target.parse("pkg.mod:Cls.meth", "vllm>=0.24")``."""
         module, sep, qualname = text.partition(":")
         if not (sep and module and qualname):
@@ -84,13 +85,13 @@ class StaticRule:
         decide: Callable[[Any], Verdict],
         reads: tuple[str, ...],
         note: Callable[[Any], str | None] | None = None,
-        also: tuple[StaticRule, ...] = (),
+        also: "tuple[StaticRule, ...]" = (),
     ) -> None:
         if not reads or any(not f.endswith(".py") or f.startswith("/") for f in reads):
             raise ValueError(f"StaticRule.reads must name upstream .py files by relative path, got {reads!r}")
         self.decide, self.reads, self.note, self.also = decide, reads, note, also
 
-    def rules(self) -> tuple[StaticRule, ...]:
+    def rules(self) -> "tuple[StaticRule, ...]":
         """This rule, then every rule of ``also``."""
         return (self, *self.also)
 
@@ -111,17 +112,17 @@ class Site(NamedTuple):
     """The live target a patch is about to check and fix: ``owner`` holds the raw ``value`` of
     ``attribute``; ``versions``: the gated distributions' versions; ``handover``: :class:`HandOver`."""
 
-    patch: Patch
+    patch: "Patch"
     target: Target
     module: ModuleType
     owner: Any
     attribute: str
     value: Any
     versions: Mapping[str, str | None] = MappingProxyType({})
-    handover: HandOver | None = None
+    handover: "HandOver | None" = None
 
     @property
-    def engine(self) -> HandOver | None:
+    def engine(self) -> "HandOver | None":
         """The former name of :attr:`handover`, kept for one release."""
         return self.handover
 
