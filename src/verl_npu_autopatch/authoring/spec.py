@@ -1,10 +1,11 @@
-"""The declarative patch spec: everything a patch touches, when it may run, how it checks and fixes."""
+"""The declarative patch spec: everything a patch touches, when it may run, how it checks and fixes.
 
-from __future__ import annotations
+No ``from __future__ import annotations``: a ``NamedTuple`` compiles each string annotation (a
+``ForwardRef``) as its class is made, at every activation; only the forward references are quoted."""
 
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -41,7 +42,7 @@ class Target(NamedTuple):
     requires: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, text: str, *requires: str) -> Target:
+    def parse(cls, text: str, *requires: str) -> "Target":
         """``Target.parse("pkg.mod:Cls.meth", "vllm>=0.24")``."""
         module, sep, qualname = text.partition(":")
         if not (sep and module and qualname):
@@ -84,13 +85,13 @@ class StaticRule:
         decide: Callable[[Any], Verdict],
         reads: tuple[str, ...],
         note: Callable[[Any], str | None] | None = None,
-        also: tuple[StaticRule, ...] = (),
+        also: "tuple[StaticRule, ...]" = (),
     ) -> None:
         if not reads or any(not f.endswith(".py") or f.startswith("/") for f in reads):
             raise ValueError(f"StaticRule.reads must name upstream .py files by relative path, got {reads!r}")
         self.decide, self.reads, self.note, self.also = decide, reads, note, also
 
-    def rules(self) -> tuple[StaticRule, ...]:
+    def rules(self) -> "tuple[StaticRule, ...]":
         """This rule, then every rule of ``also``."""
         return (self, *self.also)
 
@@ -111,23 +112,52 @@ class Site(NamedTuple):
     """The live target a patch is about to check and fix: ``owner`` holds the raw ``value`` of
     ``attribute``; ``versions``: the gated distributions' versions; ``handover``: :class:`HandOver`."""
 
-    patch: Patch
+    patch: "Patch"
     target: Target
     module: ModuleType
     owner: Any
     attribute: str
     value: Any
     versions: Mapping[str, str | None] = MappingProxyType({})
-    handover: HandOver | None = None
+    handover: "HandOver | None" = None
 
     @property
-    def engine(self) -> HandOver | None:
+    def engine(self) -> "HandOver | None":
         """The former name of :attr:`handover`, kept for one release."""
         return self.handover
 
 
-@dataclass(frozen=True, init=False)
-class Reach:
+class _Frozen:
+    """A frozen dataclass's behaviour written out (equal by the compared fields, hashed by them,
+    never assigned to): ``dataclass(frozen=True)`` compiles five methods per class at every activation."""
+
+    __slots__ = ()
+    _compared: tuple[str, ...] = ()
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._compared)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._compared)
+        return f"{type(self).__name__}({shown})"
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+@dataclass(init=False, eq=False, repr=False)
+class Reach(_Frozen):
     """Where a patch reaches beyond its targets, each field optional and rare (docs/writing-a-patch.md,
     "Everything a patch touches")."""
 
@@ -156,7 +186,7 @@ class Reach:
         self.__dict__.update(zip(_REACH_FIELDS, values, strict=True))
 
 
-_REACH_FIELDS = tuple(Reach.__dataclass_fields__)
+_REACH_FIELDS = Reach._compared = tuple(Reach.__dataclass_fields__)
 #: The empty reach: a patch that changes its targets alone.
 NO_REACH = Reach()
 #: ``Patch``'s keywords of before 0.2, now the fields of :class:`Reach` in order (one more release).
@@ -165,8 +195,8 @@ _FORMER = dict(
 )
 
 
-@dataclass(frozen=True, init=False, repr=False)
-class Patch:
+@dataclass(init=False, eq=False, repr=False)
+class Patch(_Frozen):
     """A runtime fix and what the engine needs to decide whether and where to apply it (the fields:
     docs/writing-a-patch.md); ``defined_at`` (``path.py:line``) is where the family or plugin made it."""
 
@@ -231,6 +261,7 @@ class Patch:
 
 
 _PATCH_FIELDS = tuple(Patch.__dataclass_fields__)
+Patch._compared = tuple(name for name, found in Patch.__dataclass_fields__.items() if found.compare)
 
 
 def _former_reach(former: dict[str, Any]) -> Reach:

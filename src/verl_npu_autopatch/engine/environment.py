@@ -148,6 +148,8 @@ def _mtime(entry: str) -> int:
 
 def normalized_name(name: str) -> str:
     """A distribution name as ``importlib.metadata`` compares them (PEP 503, with underscores)."""
+    if "-" not in name and "." not in name and "__" not in name:  # a wheel's folder name: nearly every one
+        return name.lower()
     import re
 
     return re.sub(r"[-_.]+", "_", name).lower()
