@@ -198,8 +198,10 @@ class Engine:
 
         given = self._catalog
         loaded = catalog.load_declared(config.disable) if given is None else catalog.Catalog([*given])
-        slots, kept = self.slots, dict(self.slots)  # live fixes an interrupted activation left (_abandon)
-        slots.clear()
+        slots = self.slots
+        with slots.lock:
+            kept = dict(slots)  # live fixes an interrupted activation left (_abandon)
+            slots.clear()
         self.warnings += config.unknown_names(loaded.names())
         self._checked_names = True
         self._flush_warnings()
@@ -336,7 +338,8 @@ class Engine:
         from verl_npu_autopatch.engine.records import Record
 
         record = Record(name, (), "entry point", versions={})
-        self.slots[name] = Slot(None, record)
+        with self.slots.lock:
+            self.slots[name] = Slot(None, record)
         self.slots.set_state(record, state, reason, exc)
 
     def check_names(self) -> None:

@@ -184,6 +184,7 @@ class Slots(dict[str, Slot]):
 
         with self.lock:
             held = [(s, s.footprint, s.yielded) for s in self.values() if s.footprint is not None or s.yielded]
+        held.sort(key=lambda found: found[1] is None)  # displaced first: a yield's detector may read their records
         for slot, where, target in held:
             record = slot.record
             try:
@@ -265,8 +266,11 @@ class Slots(dict[str, Slot]):
             where = None if slot is None else slot.footprint
             if slot is None or where is None or where.checks != "ours":
                 return False
-            found = lookup(where.module, where.target.qualname)
-            if found is None or found[1] is where.value or not when(found[1]):
+        found = lookup(where.module, where.target.qualname)  # outside the lock: a getter or when() may import
+        if found is None or found[1] is where.value or not when(found[1]):
+            return False
+        with self.lock:
+            if slot.footprint is not where:  # reverted, yielded or re-applied meanwhile
                 return False
             slot.release()
             slot.record.state = "pending"
@@ -299,9 +303,9 @@ class Slots(dict[str, Slot]):
         for slot in self._each(
             lambda s: name is None or (s.patch is not None and name in (s.record.name, *s.patch.groups))
         ):
-            record, where = slot.record, slot.footprint
+            record = slot.record
             with self.lock:  # displaced on the live module: the owner's; on one gone from sys.modules: undone
-                displaced = ""
+                where, displaced = slot.footprint, ""
                 if (
                     where is not None
                     and record.state != "applied"
