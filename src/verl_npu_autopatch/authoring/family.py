@@ -129,7 +129,8 @@ def rule_patch(
     ``reads``, ``copying_modules`` and ``note``: docs/writing-a-patch.md; ``spec``: the other fields."""
     target = rule.target
     modules = (target.module, *(t.module for t in rule.reading), *copying_modules)
-    spec.setdefault("groups", (opt_in, name.partition(".")[0]) if opt_in else (name.partition(".")[0],))
+    family = name.partition(".")[0]
+    spec.setdefault("groups", (opt_in, family) if opt_in else (family,))
 
     def judged(tree: UpstreamTree) -> Verdict:  # the check's decision on a release's source
         verdict, source = rule.judge(tree), tree.module(target.module)

@@ -132,7 +132,7 @@ class _Frozen:
     never assigned to): ``dataclass(frozen=True)`` compiles five methods per class at every activation."""
 
     __slots__ = ()
-    _compared: tuple[str, ...] = ()
+    _compared: tuple[str, ...] = ()  # the dataclass fields with ``compare`` (set by :func:`_frozen`)
 
     def _key(self) -> tuple[Any, ...]:
         return tuple(getattr(self, name) for name in self._compared)
@@ -186,7 +186,14 @@ class Reach(_Frozen):
         self.__dict__.update(zip(_REACH_FIELDS, values, strict=True))
 
 
-_REACH_FIELDS = Reach._compared = tuple(Reach.__dataclass_fields__)
+def _frozen(cls: type[_Frozen]) -> tuple[str, ...]:
+    """``cls``'s field names, in order, after noting which it compares."""
+    fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    cls._compared = tuple(name for name, found in fields.items() if found.compare)
+    return tuple(fields)
+
+
+_REACH_FIELDS = _frozen(Reach)
 #: The empty reach: a patch that changes its targets alone.
 NO_REACH = Reach()
 #: ``Patch``'s keywords of before 0.2, now the fields of :class:`Reach` in order (one more release).
@@ -260,8 +267,7 @@ class Patch(_Frozen):
         return tuple(dict.fromkeys((*self.reach.triggers, *self.targets, *self.reach.secondary)))
 
 
-_PATCH_FIELDS = tuple(Patch.__dataclass_fields__)
-Patch._compared = tuple(name for name, found in Patch.__dataclass_fields__.items() if found.compare)
+_PATCH_FIELDS = _frozen(Patch)
 
 
 def _former_reach(former: dict[str, Any]) -> Reach:

@@ -133,6 +133,19 @@ def detect(patch: Patch, site: Site) -> str | None:
     return None
 
 
+def _site(
+    patch: Patch,
+    target: Target,
+    module: ModuleType,
+    found: tuple[Any, Any],
+    versions: Mapping[str, str | None],
+    engine: Any,
+) -> Site:
+    """The site a detector sees at ``target`` in ``module``, where ``found`` is ``(holder, live value)``."""
+    attribute = target.qualname.rpartition(".")[2]
+    return Site(patch, target, module, found[0], attribute, found[1], dict(versions), engine)
+
+
 def _owner(
     patch: Patch,
     target: Target,
@@ -141,9 +154,8 @@ def _owner(
     versions: Mapping[str, str | None],
     engine: Any,
 ) -> str | None:
-    """:func:`detect` at ``target`` in ``module``, where ``found`` is ``(holder, live value)``."""
-    attribute = target.qualname.rpartition(".")[2]
-    return detect(patch, Site(patch, target, module, found[0], attribute, found[1], dict(versions), engine))
+    """:func:`detect` at :func:`_site`."""
+    return detect(patch, _site(patch, target, module, found, versions, engine))
 
 
 def reached_through_target(undo: Any) -> Any:
@@ -229,7 +241,7 @@ def enclosing_owner(patch: Patch, site: Site) -> str | None:
     for target in _via_targets(patch, site.target):
         enclosing = _lookup_in(target, site.module)
         module = sys.modules.get(target.module, site.module)
-        other = None if enclosing is None else _owner(patch, target, module, enclosing, site.versions, site.engine)
+        other = None if enclosing is None else _owner(patch, target, module, enclosing, site.versions, site.handover)
         if other:
             return f"target owned by {other} (only reached through {target.qualname})"
     return None
@@ -241,7 +253,7 @@ def yielded_reason(patch: Patch, target: Target, versions: dict, engine: HandOve
     found = None if module is None else lookup(module, target.qualname)
     if module is None or found is None:
         return None
-    site = Site(patch, target, module, found[0], target.qualname.rpartition(".")[2], found[1], dict(versions), engine)
+    site = _site(patch, target, module, found, versions, engine)
     other = detect(patch, site)
     return f"target owned by {other}" if other else enclosing_owner(patch, site)
 
