@@ -146,18 +146,6 @@ def _site(
     return Site(patch, target, module, found[0], attribute, found[1], dict(versions), engine)
 
 
-def _owner(
-    patch: Patch,
-    target: Target,
-    module: ModuleType,
-    found: tuple[Any, Any],
-    versions: Mapping[str, str | None],
-    engine: Any,
-) -> str | None:
-    """:func:`detect` at :func:`_site`."""
-    return detect(patch, _site(patch, target, module, found, versions, engine))
-
-
 def reached_through_target(undo: Any) -> Any:
     """Mark the undo of a fix that left its target untouched but runs only through it, so another
     owner replacing the target displaces the fix (see :func:`installation`)."""
@@ -199,7 +187,7 @@ def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver
         return "superseded", f"{installed.target} no longer exists"
     moved = installed.checks != "reload" and found[1] is not installed.value
     if moved and not (installed.checks == "through" and is_ours(found[1])):
-        other = _owner(patch, installed.target, live, found, versions, engine)
+        other = detect(patch, _site(patch, installed.target, live, found, versions, engine))
         return ("yielded", f"target owned by {other}") if other else ("superseded", f"replaced by {origin(found[1])}")
     for where, before in installed.also.items():  # a further declared site the fix changed
         module_name, _, path = where.partition(":")
@@ -210,7 +198,8 @@ def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver
         if module is None or value is ABSENT:
             return "superseded", f"also changes {where}, which no longer exists"
         at = lookup(module, path) if "[" not in path else None
-        other = None if at is None else _owner(patch, Target(module_name, path), module, at, versions, engine)
+        at_site = None if at is None else _site(patch, Target(module_name, path), module, at, versions, engine)
+        other = None if at_site is None else detect(patch, at_site)
         if other:
             return "yielded", f"target owned by {other} (also changes {where})"
         return "superseded", f"also changes {where}, now {origin(value)}"
@@ -220,7 +209,7 @@ def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver
             return "superseded", f"enclosing {target.qualname} no longer exists"
         if enclosing[1] is before or is_ours(enclosing[1]):
             continue
-        other = _owner(patch, target, sys.modules.get(target.module, live), enclosing, versions, engine)
+        other = detect(patch, _site(patch, target, sys.modules.get(target.module, live), enclosing, versions, engine))
         if other:
             return "yielded", f"target owned by {other} (only reached through {target.qualname})"
         return "superseded", f"only reached through {target.qualname}, now {origin(enclosing[1])}"
@@ -241,7 +230,9 @@ def enclosing_owner(patch: Patch, site: Site) -> str | None:
     for target in _via_targets(patch, site.target):
         enclosing = _lookup_in(target, site.module)
         module = sys.modules.get(target.module, site.module)
-        other = None if enclosing is None else _owner(patch, target, module, enclosing, site.versions, site.handover)
+        if enclosing is None:
+            continue
+        other = detect(patch, _site(patch, target, module, enclosing, site.versions, site.handover))
         if other:
             return f"target owned by {other} (only reached through {target.qualname})"
     return None
