@@ -67,3 +67,23 @@ def test_record_copy_and_dict() -> None:
     assert record.versions == {"vllm": "0.1"}
     assert list(record.to_dict()) == ["name", "groups", "target", "state", "reason", "versions", "pid"]
     assert record.to_dict()["groups"] == ["g"] and Record("n", (), "t").state == "pending"
+
+
+def test_frozen_to_dataclasses_and_their_subclasses() -> None:
+    """A plugin may subclass ``Patch`` or ``Reach`` as dataclasses do a frozen one: frozen again,
+    never plain; ``dataclasses`` reads both as frozen, as it did when they were generated."""
+    assert Patch.__dataclass_params__.frozen and Reach.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+    @dataclasses.dataclass(frozen=True)
+    class TaggedPatch(Patch):
+        tag: str = ""
+
+    tagged = TaggedPatch("p.one", "a fix", (Target("m", "f"),), lambda s: _fix, tag="t")  # type: ignore[call-arg]
+    assert tagged.tag == "t" and tagged.name == "p.one" and tagged.hooks == (Target("m", "f"),)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tagged.tag = "u"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="non-frozen dataclass from a frozen one"):
+
+        @dataclasses.dataclass
+        class PlainReach(Reach):
+            extra: int = 0

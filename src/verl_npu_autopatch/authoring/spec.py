@@ -187,9 +187,11 @@ class Reach(_Frozen):
 
 
 def _frozen(cls: type[_Frozen]) -> tuple[str, ...]:
-    """``cls``'s field names, in order, after noting which it compares."""
+    """``cls``'s field names, in order, after noting which it compares and telling ``dataclasses``
+    it is frozen (a subclass must then be frozen too, as of a generated frozen dataclass)."""
     fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
     cls._compared = tuple(name for name, found in fields.items() if found.compare)
+    cls.__dataclass_params__.frozen = True  # type: ignore[attr-defined]
     return tuple(fields)
 
 
