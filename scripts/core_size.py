@@ -58,7 +58,7 @@ def kinds(text: str) -> dict[str, int]:
         for token in tokenize.generate_tokens(io.StringIO(text).readline)
         if token.type == tokenize.COMMENT and lines[token.start[0] - 1].lstrip().startswith("#")
     } - docs
-    blank = {number for number, line in enumerate(lines, 1) if not line.strip()}
+    blank = {number for number, line in enumerate(lines, 1) if not line.strip()} - docs
     return {"lines": len(lines), "doc": len(docs), "comment": len(comments), "blank": len(blank),
             "code": len(lines) - len(docs) - len(comments) - len(blank)}  # fmt: skip
 
