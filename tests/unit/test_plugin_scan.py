@@ -5,13 +5,13 @@ and in archives on the path."""
 from __future__ import annotations
 
 import zipfile
-from importlib.metadata import distributions, entry_points
+from importlib.metadata import Prepared, distributions, entry_points
 from pathlib import Path
 
 import pytest
 
 from verl_npu_autopatch.authoring import Patch
-from verl_npu_autopatch.engine import catalog
+from verl_npu_autopatch.engine import catalog, environment
 
 GROUP = catalog.ENTRY_POINT_GROUP
 
@@ -84,3 +84,9 @@ def test_versions_read_from_the_same_folders(tmp_path: Path, monkeypatch: pytest
     assert environment.distribution_version("absent-demo") is None
     monkeypatch.syspath_prepend(str(archive))
     assert environment.distribution_version("zipped_demo") == "2.0"
+
+
+def test_names_are_normalized_as_importlib_normalizes_them() -> None:
+    # the fast path (no separator to fold) and the regular expression give importlib's names
+    names = ["vllm", "Vllm_Ascend", "vllm-ascend", "zope.interface", "a__b", "A___B", "x-_.y", "_a_", "a--b", "Ab"]
+    assert [environment.normalized_name(n) for n in names] == [Prepared.normalize(n) for n in names]

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,49 @@ def test_a_failed_rewrite_leaves_the_report_incomplete(tmp_path: Path, monkeypat
     report.changed()  # space again: the report is whole, the mark gone
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
     assert written(tmp_path)["records"][0]["state"] == "applied" and len(engine.warnings) == 1
+
+
+def test_a_directory_removed_while_the_job_runs_is_not_made_again(tmp_path: Path) -> None:
+    directory = tmp_path / "reports"
+    engine = FakeEngine()
+    report = report_file.ReportFile(engine, str(directory))  # type: ignore[arg-type]
+    report.changed()  # the first write makes it
+    for path in directory.iterdir():
+        path.unlink()
+    directory.rmdir()  # the user cleans up while the job runs
+    engine.record.state = "applied"
+    report.changed()
+    assert not directory.exists()
+    assert len(engine.warnings) == 1 and "VERL_NPU_AUTOPATCH_REPORT_DIR" in engine.warnings[0]
+    assert "FileNotFoundError" in engine.warnings[0]
+
+
+def test_a_forked_child_never_waits_for_the_slots_lock(tmp_path: Path) -> None:
+    # a thread the fork left behind may hold the lock for good: the child's write is skipped, not blocked
+    engine = FakeEngine()
+    report = report_file.ReportFile(engine, str(tmp_path))  # type: ignore[arg-type]
+    report.changed()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine.slots.lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    held.wait()
+    engine.record.state = "applied"
+    child = threading.Thread(target=report.changed, kwargs={"wait": False}, daemon=True)
+    child.start()
+    child.join(30)
+    blocked = child.is_alive()
+    release.set()
+    holder.join()
+    assert not blocked
+    assert written(tmp_path)["records"][0]["state"] == "pending"  # no write while the lock was held
+    report.changed()
+    assert written(tmp_path)["records"][0]["state"] == "applied"
 
 
 def test_files_and_directories_are_private_whatever_the_umask(tmp_path: Path) -> None:
