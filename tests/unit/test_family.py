@@ -108,3 +108,12 @@ def test_a_rule_reading_other_code_sees_it_live_and_in_a_release(tmp_path, monke
     patch = wrapping_patch("fam.read", "A fix.", rule=_reading, wrap=around(_twice))
     assert patch.static is not None
     assert patch.static.reads == ("pkg_read/mod.py", "pkg_read/other.py", "pkg_read/gone.py")
+
+
+def test_a_kit_module_star_exports_exactly_the_names_the_kit_lists_for_it() -> None:
+    from verl_npu_autopatch import authoring
+
+    for module in ("spec", "patching", "handover", "family"):
+        found: dict[str, object] = {}
+        exec(f"from verl_npu_autopatch.authoring.{module} import *", found)
+        assert set(found) - {"__builtins__"} == set(authoring._KIT[module].split()), module

@@ -15,6 +15,20 @@ from verl_npu_autopatch.authoring.fingerprints import Code, UpstreamTree, takes
 from verl_npu_autopatch.authoring.patching import chain, replace_method
 from verl_npu_autopatch.authoring.spec import Patch, Site, StaticRule, Target, Undo, Verdict, unsupported
 
+__all__ = [
+    "RECIPE",
+    "TargetRule",
+    "around",
+    "code_check",
+    "copied_into",
+    "copies_only",
+    "decides",
+    "module_file",
+    "rule_patch",
+    "wrapping_fix",
+    "wrapping_patch",
+]
+
 #: The reference of the fixes carried from verl-ascend-recipe's patch collection.
 RECIPE = "https://github.com/verl-project/verl-ascend-recipe"
 #: Makes the replacement of the target method from the site and upstream's plain function.

@@ -132,7 +132,7 @@ class _Frozen:
     never assigned to): ``dataclass(frozen=True)`` compiles five methods per class at every activation."""
 
     __slots__ = ()
-    _compared: tuple[str, ...] = ()  # the dataclass fields with ``compare`` (set by :func:`_frozen`)
+    _compared = tuple[str, ...]()  # the compared fields (:func:`_frozen`); unannotated: no type hint
 
     def _key(self) -> tuple[Any, ...]:
         return tuple(getattr(self, name) for name in self._compared)
