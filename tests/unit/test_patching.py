@@ -54,6 +54,11 @@ def test_definition_and_statements_skip_the_docstring() -> None:
     assert [type(s).__name__ for s in statements(node)] == ["Return"]
     assert definition(len) is None
 
+    def looped() -> None: ...
+
+    looped.__wrapped__ = looped  # type: ignore[attr-defined]  # a wrapper loop: no readable source either
+    assert definition(looped) is None
+
 
 def test_set_marked_marks_and_never_clobbers_a_later_owner() -> None:
     def upstream():

@@ -237,7 +237,7 @@ def definition(obj: Any) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDe
     """The parsed definition of a live function or class, or ``None`` without readable source."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(underlying(obj))))
-    except (OSError, TypeError, SyntaxError):  # no readable or parsable source: the caller says so
+    except (OSError, TypeError, SyntaxError, ValueError):  # no readable or parsable source (or a __wrapped__ loop)
         return None
     node = tree.body[0] if tree.body else None
     return node if isinstance(node, (*_FUNCTION, ast.ClassDef)) else None
