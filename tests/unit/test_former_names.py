@@ -26,6 +26,18 @@ def test_a_former_module_path_re_exports_the_kit_and_names_its_successor(former:
     assert module.__all__ and all(getattr(module, name) is getattr(successor, name) for name in successor.__all__)
 
 
+@pytest.mark.parametrize("former", ["spec", "patching", "handover"])
+def test_a_former_module_path_is_the_kit_module_and_its_warning_points_at_the_importer(former: str) -> None:
+    sys.modules.pop(f"verl_npu_autopatch.{former}", None)
+    importer = compile(f"import verl_npu_autopatch.{former} as module", "plugin_importer.py", "exec")
+    scope: dict[str, types.ModuleType] = {}
+    with pytest.warns(DeprecationWarning, match=rf"^verl_npu_autopatch\.{former} moved to") as seen:
+        exec(importer, scope)
+    assert [(w.filename, w.lineno) for w in seen] == [("plugin_importer.py", 1)]  # the importer, as before
+    kit = sys.modules[f"verl_npu_autopatch.authoring.{former}"]
+    assert scope["module"] is sys.modules[f"verl_npu_autopatch.{former}"] is kit
+
+
 def test_the_former_engine_module_names_resolve() -> None:
     from verl_npu_autopatch.engine import PatchError, activate, lifecycle, report
 
