@@ -170,6 +170,33 @@ print(json.dumps([vllm.model.Layer().forward(1), r.status, r["fixture.forward"].
     assert json.loads(proc.stdout.splitlines()[-1]) == [12, "active", "applied", ["vllm", "vllm.model"]]
 
 
+#: A finder whose ``__getattr__`` raises for any attribute it lacks (a proxy, a lazy agent): the import
+#: system reads only its ``find_spec``, so without us every import works.
+TOUCHY = """
+import json, sys
+
+class Touchy:
+    def __getattr__(self, name):
+        raise RuntimeError(f"no {name} here")
+    def find_spec(self, name, path=None, target=None):
+        return None
+
+sys.meta_path.append(Touchy())
+import vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.model.Layer().forward(1), r.status, r.states().get("fixture.forward")]))
+"""
+
+
+@pytest.mark.parametrize("host", ["inactive", "active"])
+def test_a_finder_whose_getattr_raises_breaks_no_import(base_python: Path, host: str) -> None:
+    # our hook asked every finder whether it was ours with getattr(): the RuntimeError broke `import vllm`
+    proc = run(base_python, TOUCHY, env=NPU if host == "active" else {}, check=False)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen == ([12, "active", "applied"] if host == "active" else [2, "inactive", None])
+
+
 #: Runs ``CODE`` in an isolated sub-interpreter (the module's name differs per version).
 SUBINTERPRETER = """
 import json, sys

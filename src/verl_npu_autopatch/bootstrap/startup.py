@@ -348,11 +348,18 @@ def unframed(exc, code):
 
 def is_hook(finder):
     """``finder`` is the observer or a placeholder (finders that look a name up for us skip both)."""
-    return getattr(finder, "verl_npu_autopatch_observer", False) is True or _placeholder(finder)
+    return _marked(finder, "verl_npu_autopatch_observer") or _marked(finder, PLACEHOLDER)
 
 
 def _placeholder(finder):
-    return getattr(finder, PLACEHOLDER, False) is True
+    return _marked(finder, PLACEHOLDER)
+
+
+def _marked(finder, name):
+    try:
+        return getattr(finder, name, False) is True
+    except Exception:  # another's finder whose __getattr__ raises more than AttributeError: not ours
+        return False
 
 
 def _leave_meta_path(leaving):
