@@ -4,6 +4,7 @@ private engines on throw-away modules, and the undo rules of ``patching``."""
 from __future__ import annotations
 
 import logging
+import weakref
 
 import pytest
 
@@ -121,6 +122,23 @@ def test_the_engine_hand_over_is_what_its_fixes_receive(module_name: str) -> Non
     assert (record.state, record.reason) == ("applied", "fix installed")
     record.state = "changed by the caller"
     assert engine.records["unit.hand_over"].state == "applied" and engine.hand_over.record("nothing.here") is None
+
+
+def test_the_hand_over_is_hashed_by_identity(module_name: str) -> None:
+    """A plugin may keep state per engine keyed by its ``site.handover`` (at 9ca5749 a plain object;
+    the store of slots it became, a dict, was unhashable: the fix raised and the patch failed)."""
+    per_engine: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def fix(site):
+        per_engine[site.handover] = site.patch.name
+        return plus_one_patch(module_name).fix(site)
+
+    patch = Patch("unit.keyed", "adds one", (Target.parse(f"{module_name}:Box.value"),), fix, device="any")
+    engine, other = Engine([patch], Config(device="npu")), Engine([], Config(device="npu"))
+    engine.activate("unit")
+    __import__(module_name)
+    assert (engine.report()["unit.keyed"].state, engine.report()["unit.keyed"].reason) == ("applied", "fix installed")
+    assert per_engine.get(engine.hand_over) == "unit.keyed" and other.hand_over not in per_engine
 
 
 def test_undo_never_clobbers_a_later_owner() -> None:
