@@ -64,6 +64,30 @@ def test_a_target_replacing_itself_in_sys_modules_is_patched_where_importers_loo
     assert engine.revert() == ["unit.plus_one"] and module.Box().value() == 1
 
 
+def test_a_target_replacing_itself_is_patched_where_importers_look_after_a_fresh_import(
+    module_name: str, tmp_path
+) -> None:
+    source = tmp_path / f"{module_name}.py"
+    source.write_text(
+        "def helper():\n    return 1\n\nimport sys, types\n_new = types.ModuleType(__name__)\n"
+        "_new.helper = helper\n_new.__spec__ = __spec__\nsys.modules[__name__] = _new\n"
+    )
+
+    def fix(site):
+        return set_attribute(site.owner, site.attribute, mark(lambda: 2, site.patch.name))
+
+    engine = Engine(
+        [Patch("unit.helper", "two", (Target(module_name, "helper"),), fix, device="any")], Config(device="npu")
+    )
+    engine.activate("unit")
+    assert importlib.import_module(module_name).helper() == 2
+    del sys.modules[module_name]
+    fresh = importlib.import_module(module_name)
+    record = engine.report()["unit.helper"]
+    assert (record.state, fresh.helper()) == ("applied", 2)
+    assert record.reason == "fix installed; again after a fresh import (it had left sys.modules)"
+
+
 def test_an_interrupted_fix_hooks_the_retried_import(module_name: str) -> None:
     calls = []
     patch = plus_one_patch(module_name)

@@ -190,6 +190,33 @@ def test_reapply_applies_afresh_over_another_owners_value(module_name: str) -> N
     assert module.Box.__dict__["value"] is theirs
 
 
+def test_reapply_leaves_our_live_value_and_its_undo_alone(module_name: str) -> None:
+    engine = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    engine.activate("unit")
+    module = __import__(module_name)
+    assert engine.hand_over.reapply("unit.plus_one", lambda value: True) is False  # ours is what runs
+    assert (module.Box().value(), engine.revert()) == (2, ["unit.plus_one"])
+    assert module.Box().value() == 1
+
+
+def test_a_fix_found_in_place_is_still_watched_for_another_owner(module_name: str) -> None:
+    """A second engine finds our fix in place (``already in place``): its record, too, says
+    ``superseded`` once another owner replaces the target."""
+    first = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    first.activate("unit")
+    module = __import__(module_name)
+    second = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    second.activate("unit")
+    assert second.report()["unit.plus_one"].reason.startswith("already in place (")
+
+    def theirs(self) -> int:
+        return 10
+
+    module.Box.value = theirs
+    record = second.report()["unit.plus_one"]
+    assert (record.state, record.reason) == ("superseded", f"replaced by {__name__}.{theirs.__qualname__}")
+
+
 def test_strict_mode_errors_are_recognised_by_type_not_by_name() -> None:
     from verl_npu_autopatch.bootstrap import activation
     from verl_npu_autopatch.engine.lifecycle import PatchError
