@@ -4,6 +4,7 @@ engines on throw-away modules, in process."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.machinery
 import itertools
@@ -14,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from verl_npu_autopatch.authoring.patching import describe, mark, marked_by, set_attribute
+from verl_npu_autopatch.authoring.patching import chain, describe, mark, marked_by, set_attribute
 from verl_npu_autopatch.authoring.spec import Patch, Reach, Target
 from verl_npu_autopatch.cli.doctor import doctor_exit_code
 from verl_npu_autopatch.engine.config import Config
 from verl_npu_autopatch.engine.lifecycle import Engine
+from verl_npu_autopatch.engine.ownership import reached_through_target
 
 _counter = itertools.count()
 
@@ -220,3 +222,105 @@ def test_a_declared_dict_entry_may_sit_on_a_class() -> None:
     module.Registry = type("Registry", (), {"_mapping": {"b": 2}})
     assert site_value(module, "TABLE[a]") == 1 and site_value(module, "Registry._mapping[b]") == 2
     assert site_value(module, "Registry._mapping[c]") is ABSENT and site_value(module, "Missing[a]") is ABSENT
+
+
+def test_a_fix_reached_only_through_its_target_is_displaced_by_another_owner_there(module_name: str) -> None:
+    """A fix that installs elsewhere (``helper``) but runs only through the target's upstream value
+    (``reached_through_target``): another owner's value there displaces it, one of ours does not."""
+
+    def fix(site):
+        ours = mark(lambda x: x + 1, site.patch.name)
+        return reached_through_target(set_attribute(site.module, "helper", ours))
+
+    engine = engine_for(
+        Patch("own.through", "helper, through forward", (Target(module_name, "Experts.forward"),), fix, device="any")
+    )
+    module = importlib.import_module(module_name)
+    upstream = module.Experts.__dict__["forward"]
+    assert (engine.report()["own.through"].state, module.helper(1)) == ("applied", 2)
+    module.Experts.forward = mark(lambda self, x: x, "another.patch")  # one of ours: the fix still runs through it
+    assert engine.report()["own.through"].state == "applied"
+    module.Experts.forward = other_owner
+    record = engine.report()["own.through"]
+    assert (record.state, record.reason) == ("superseded", f"replaced by {__name__}.other_owner")
+    module.Experts.forward = upstream
+    assert (engine.report()["own.through"].state, engine.revert()) == ("applied", ["own.through"])
+    assert module.helper(1) == 1
+
+
+def test_a_further_declared_site_taken_by_a_recognised_owner_is_yielded(module_name: str) -> None:
+    """``Reach.secondary``: the fix's value there replaced by one of our other patches keeps the record
+    applied; by an owner a detector recognises, ``yielded`` naming the site."""
+
+    def fix(site):
+        undo = plus_hundred(site)
+        return chain(set_attribute(site.module, "helper", mark(lambda x: -x, site.patch.name)), undo)
+
+    patch = experts_patch(
+        module_name, reach=Reach(secondary=(Target(module_name, "helper"),)), yields_to=(recognise_other,)
+    )
+    patch = dataclasses.replace(patch, fix=fix)
+    engine = engine_for(patch)
+    module = importlib.import_module(module_name)
+    assert engine.report()["own.experts"].state == "applied"
+    module.helper = mark(lambda x: x, "another.patch")
+    assert engine.report()["own.experts"].state == "applied"
+    module.helper = other_owner
+    record = engine.report()["own.experts"]
+    assert (record.state, record.reason) == (
+        "yielded",
+        f"target owned by other ({__name__}.other_owner) (also changes {module_name}:helper)",
+    )
+
+
+def test_an_enclosing_callable_holding_another_of_our_fixes_keeps_the_record(module_name: str) -> None:
+    engine = engine_for(experts_patch(module_name, reach=Reach(via=(Target(module_name, "Block.forward"),))))
+    module = importlib.import_module(module_name)
+    original = module.Block.forward
+    module.Block.forward = mark(lambda self, x: original(self, x), "another.patch")
+    assert (engine.report()["own.experts"].state, module.Block().forward(1)) == ("applied", 1020)
+
+
+def test_yielded_through_an_enclosing_callable_names_its_next_owner(module_name: str) -> None:
+    def later_block_forward(self, x):
+        return x
+
+    def recognise(site) -> str | None:
+        return {other_block_forward: "verl", later_block_forward: "liger"}.get(site.value)
+
+    module = importlib.import_module(module_name)
+    module.Block.forward = other_block_forward
+    via = (Target(module_name, "Block.forward"),)
+    engine = engine_for(experts_patch(module_name, reach=Reach(via=via), yields_to=(recognise,)))
+    assert engine.report()["own.experts"].reason == "target owned by verl (only reached through Block.forward)"
+    module.Block.forward = later_block_forward
+    record = engine.report()["own.experts"]
+    assert (record.state, record.reason) == ("yielded", "target owned by liger (only reached through Block.forward)")
+
+
+def test_reverting_the_owner_a_patch_yielded_to_reverts_the_yielded_record(module_name: str) -> None:
+    def recognise_first(site) -> str | None:
+        return "own.experts" if marked_by(site.value) == "own.experts" else None
+
+    second = dataclasses.replace(experts_patch(module_name), name="own.second", yields_to=(recognise_first,))
+    engine = engine_for(experts_patch(module_name), second)
+    module = importlib.import_module(module_name)
+    assert engine.report()["own.second"].reason == "target owned by own.experts"
+    assert engine.revert("own.experts") == ["own.experts"]
+    record = engine.report()["own.second"]
+    assert (record.state, record.reason) == ("reverted", "reverted with own.experts, which held its target")
+    assert module.Block().forward(1) == 20
+
+
+def test_a_note_stays_with_the_record_when_our_value_comes_back(module_name: str) -> None:
+    engine = engine_for(experts_patch(module_name))
+    module = importlib.import_module(module_name)
+    engine.hand_over.note("own.experts", "kept beside liger")
+    engine.hand_over.note("own.experts", "kept beside liger")  # once
+    ours = module.Experts.__dict__["forward"]
+    module.Experts.forward = other_owner
+    assert engine.report()["own.experts"].state == "superseded"
+    engine.hand_over.note("own.experts", "not while superseded")
+    module.Experts.forward = ours
+    record = engine.report()["own.experts"]
+    assert (record.state, record.reason) == ("applied", "fix installed; kept beside liger")

@@ -4,6 +4,7 @@ private engines on throw-away modules, and the undo rules of ``patching``."""
 from __future__ import annotations
 
 import logging
+import weakref
 
 import pytest
 
@@ -123,6 +124,23 @@ def test_the_engine_hand_over_is_what_its_fixes_receive(module_name: str) -> Non
     assert engine.records["unit.hand_over"].state == "applied" and engine.hand_over.record("nothing.here") is None
 
 
+def test_the_hand_over_is_hashed_by_identity(module_name: str) -> None:
+    """A plugin may keep state per engine keyed by its ``site.handover`` (at 9ca5749 a plain object;
+    the store of slots it became, a dict, was unhashable: the fix raised and the patch failed)."""
+    per_engine: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def fix(site):
+        per_engine[site.handover] = site.patch.name
+        return plus_one_patch(module_name).fix(site)
+
+    patch = Patch("unit.keyed", "adds one", (Target.parse(f"{module_name}:Box.value"),), fix, device="any")
+    engine, other = Engine([patch], Config(device="npu")), Engine([], Config(device="npu"))
+    engine.activate("unit")
+    __import__(module_name)
+    assert (engine.report()["unit.keyed"].state, engine.report()["unit.keyed"].reason) == ("applied", "fix installed")
+    assert per_engine.get(engine.hand_over) == "unit.keyed" and other.hand_over not in per_engine
+
+
 def test_undo_never_clobbers_a_later_owner() -> None:
     class Owner:
         def method(self) -> str:
@@ -170,6 +188,33 @@ def test_reapply_applies_afresh_over_another_owners_value(module_name: str) -> N
     assert engine.hand_over.record("unit.plus_one").state == "applied"
     assert engine.revert() == ["unit.plus_one"]
     assert module.Box.__dict__["value"] is theirs
+
+
+def test_reapply_leaves_our_live_value_and_its_undo_alone(module_name: str) -> None:
+    engine = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    engine.activate("unit")
+    module = __import__(module_name)
+    assert engine.hand_over.reapply("unit.plus_one", lambda value: True) is False  # ours is what runs
+    assert (module.Box().value(), engine.revert()) == (2, ["unit.plus_one"])
+    assert module.Box().value() == 1
+
+
+def test_a_fix_found_in_place_is_still_watched_for_another_owner(module_name: str) -> None:
+    """A second engine finds our fix in place (``already in place``): its record, too, says
+    ``superseded`` once another owner replaces the target."""
+    first = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    first.activate("unit")
+    module = __import__(module_name)
+    second = Engine([plus_one_patch(module_name)], Config(device="npu"))
+    second.activate("unit")
+    assert second.report()["unit.plus_one"].reason.startswith("already in place (")
+
+    def theirs(self) -> int:
+        return 10
+
+    module.Box.value = theirs
+    record = second.report()["unit.plus_one"]
+    assert (record.state, record.reason) == ("superseded", f"replaced by {__name__}.{theirs.__qualname__}")
 
 
 def test_strict_mode_errors_are_recognised_by_type_not_by_name() -> None:

@@ -63,6 +63,8 @@ class Slots(dict[str, Slot]):
     import). ``config``: set by activation; ``on_change`` refreshes the report file; ``error``: the
     strict-mode exception type (the engine's ``PatchError``)."""
 
+    __hash__ = object.__hash__  # type: ignore[assignment]  # site.handover: a plugin may key on it
+
     def __init__(self, config: Config | None = None, error: type[Exception] = RuntimeError) -> None:
         super().__init__()
         self.lock = _thread.RLock()
