@@ -137,6 +137,35 @@ print(json.dumps([first, between.status, "out of stack" in between.reason, vllm.
     assert seen == ["upstream", "not-activated", True, 12, "patched:upstream", "active", "applied"]
 
 
+def test_activation_out_of_stack_leaves_no_half_imported_package(any_python: Path) -> None:
+    # activate() at every depth from the limit up: at some depth the stack runs out inside an import
+    # activation makes (wrapt's of asyncio); the submodules that import left behind outlived their
+    # package, so the retry and the user's own `import asyncio` raised NameError
+    code = """
+import json, sys
+import verl_npu_autopatch
+sys.setrecursionlimit(400)
+def deep(n):
+    if n:
+        return deep(n - 1)
+    verl_npu_autopatch.activate()
+for depth in range(395, 150, -1):
+    try:
+        deep(depth)
+    except RecursionError:
+        continue
+    if verl_npu_autopatch.report().status != "not-activated":
+        break
+sys.setrecursionlimit(1000)
+import asyncio, vllm.model
+r = verl_npu_autopatch.report()
+print(json.dumps([callable(asyncio.run), vllm.model.Layer().forward(1), r.status, r.reason,
+                  r["fixture.forward"].state]))
+"""
+    seen = run_json(any_python, code, env=NPU)
+    assert seen == [True, 12, "active", "activated by api", "applied"]
+
+
 def test_docs_name_every_case() -> None:
     text = (ROOT / "docs" / "reliability.md").read_text()
     for name in [n for n in globals() if n.startswith("test_") and n != "test_docs_name_every_case"]:

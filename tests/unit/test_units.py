@@ -226,3 +226,18 @@ def test_strict_mode_errors_are_recognised_by_type_not_by_name() -> None:
 
     ImpostorError.__name__ = "PatchError"  # what a comparison of class names would take for strict mode
     assert activation._strict(PatchError("strict")) and not activation._strict(ImpostorError("not strict"))
+
+
+def test_drop_orphans_forgets_only_new_submodules_whose_package_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from verl_npu_autopatch.engine.lifecycle import drop_orphans
+
+    modules = {name: types.ModuleType(name) for name in ("old_pkg", "old_pkg.kept", "gone_before.sub")}
+    monkeypatch.setattr(sys, "modules", dict(modules))
+    known = len(sys.modules)
+    for name in ("new_pkg", "new_pkg.sub", "cut_short.done", "cut_short.done.deeper", "old_pkg.new"):
+        sys.modules[name] = types.ModuleType(name)
+    drop_orphans(known)  # "cut_short" left sys.modules when its import failed: its submodules go with it
+    assert list(sys.modules) == ["old_pkg", "old_pkg.kept", "gone_before.sub", "new_pkg", "new_pkg.sub", "old_pkg.new"]

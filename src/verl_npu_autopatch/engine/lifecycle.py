@@ -102,7 +102,7 @@ class Engine:
         (a concurrent call waits: :meth:`_enter`); meanwhile the observer guards other threads'
         imports. Never raises but ``PatchError`` in strict mode. Interrupted (re-raised) or out of
         stack (tried again only from a shallower one), it goes back to not activated (:meth:`_abandon`)."""
-        depth = stack_depth()
+        depth, known = stack_depth(), len(sys.modules)
         if self.too_deep(depth) or not self._enter():
             return
         observer = self.observer
@@ -142,6 +142,7 @@ class Engine:
                 attach(self, config.report_dir)
         except RecursionError:  # a first import deep in the stack, which fits without us: retried shallower
             self._out_of_stack_at = depth
+            drop_orphans(known)
             self._abandon(f"activation ran out of stack ({depth} frames deep); the next watched import activates")
         except BaseException as exc:
             if not isinstance(exc, Exception):  # Ctrl-C during a slow first import: activate again later
@@ -410,6 +411,16 @@ def blocked_on_us(activator: int) -> bool:
         return False
     except Exception:  # private CPython bookkeeping whose shape may change: then no deadlock is seen
         return False
+
+
+def drop_orphans(known: int) -> None:
+    """Forget each module imported since ``sys.modules`` held ``known`` entries whose package is gone:
+    an import the stack ran out in left them behind, and the package's next import would not bind
+    them (wrapt imports asyncio: the user's ``import asyncio`` raised ``NameError``)."""
+    for name in list(sys.modules)[known:]:
+        parts = name.split(".")
+        if any(".".join(parts[:end]) not in sys.modules for end in range(1, len(parts))):
+            sys.modules.pop(name, None)
 
 
 def stack_depth() -> int:
