@@ -324,3 +324,38 @@ def test_a_note_stays_with_the_record_when_our_value_comes_back(module_name: str
     module.Experts.forward = ours
     record = engine.report()["own.experts"]
     assert (record.state, record.reason) == ("applied", "fix installed; kept beside liger")
+
+
+def _foreign_forward(self, x):
+    """Another owner's experts forward."""
+    return -1
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+def _raising(site) -> str | None:
+    if site.value is _foreign_forward:
+        raise RuntimeError("a detector's bug")
+    return None
+
+
+def _unprintable(site) -> object:
+    return _Unprintable() if site.value is _foreign_forward else None
+
+
+@pytest.mark.parametrize("detector", [_raising, _unprintable], ids=["raises", "unprintable-answer"])
+def test_a_detector_failing_at_recheck_does_not_keep_the_record_applied(module_name: str, detector) -> None:
+    engine = engine_for(experts_patch(module_name, yields_to=(detector,)))
+    module = importlib.import_module(module_name)
+    assert engine.report()["own.experts"].state == "applied"
+    module.Experts.forward = _foreign_forward  # another owner, after us; its detector fails on it
+    record = engine.report()["own.experts"]
+    assert module.Block().forward(1) == -10  # theirs runs
+    if detector is _raising:
+        assert (record.state, record.reason) == ("superseded", f"replaced by {__name__}._foreign_forward")
+    else:  # recognised, named as well as its answer can be
+        assert record.state == "yielded" and record.reason.startswith("target owned by <unprintable")
+    assert engine.revert() == [] and module.Experts.__dict__["forward"] is _foreign_forward
