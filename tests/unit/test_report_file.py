@@ -209,3 +209,42 @@ def test_report_dir_is_expanded_or_refused_and_the_mode_parsed(monkeypatch: pyte
         assert config.report_mode == 0o600 and len(config.warnings) == 1, raw
         assert config.warnings[0].startswith(f"VERL_NPU_AUTOPATCH_REPORT_MODE={raw!r} is not understood")
         assert "600 (default), 640, 604 or 644" in config.warnings[0]
+
+
+def test_each_write_re_checks_the_records_against_the_live_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import sys
+
+    from verl_npu_autopatch.authoring.patching import set_marked
+    from verl_npu_autopatch.authoring.spec import Patch, Target
+    from verl_npu_autopatch.engine.config import Config
+    from verl_npu_autopatch.engine.lifecycle import Engine
+
+    def plus_hundred(site):
+        original = site.value
+        return set_marked(site.owner, site.attribute, lambda x: original(x) + 100, site.patch.name)
+
+    names = [f"report_target_{n}_{os.getpid()}" for n in ("a", "b")]
+    labels = dict(zip(names, ("fixture.a", "fixture.b"), strict=True))
+    for name in names:
+        (tmp_path / f"{name}.py").write_text("def f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    patches = [Patch(labels[n], "adds a hundred", (Target(n, "f"),), plus_hundred, device="any") for n in names]
+    engine = Engine(patches, Config(device="npu"))
+    engine.activate("unit")
+    reports = tmp_path / "reports"
+    reports.mkdir(mode=0o700)
+    report_file.attach(engine, str(reports))
+    try:
+        first = importlib.import_module(names[0])
+        first.f = lambda x: -1  # another owner takes the first target after us
+        importlib.import_module(names[1])  # a later decision rewrites the file
+        states = {r["name"]: r["state"] for r in written(reports)["records"]}
+        assert first.f(1) == -1 and states == {"fixture.a": "superseded", "fixture.b": "applied"}
+    finally:
+        engine.slots.on_change = None
+        report_file._attached.clear()
+        for name in names:
+            sys.modules.pop(name, None)
