@@ -197,6 +197,41 @@ def test_a_finder_whose_getattr_raises_breaks_no_import(base_python: Path, host:
     assert seen == ([12, "active", "applied"] if host == "active" else [2, "inactive", None])
 
 
+#: Cirq's import test: every finder wrapped in one that asks it again (by keyword, or by position).
+WRAPPED = """
+import json, sys
+
+class Wrapping:
+    def __init__(self, finder):
+        self.finder = finder
+    def find_spec(self, fullname, path=None, target=None):
+        if KEYWORDS:
+            return self.finder.find_spec(fullname, path=path, target=target)
+        return self.finder.find_spec(fullname, path, target)
+
+saved = sys.meta_path
+sys.meta_path = [Wrapping(finder) for finder in sys.meta_path]
+try:
+    import csv, vllm.model
+    forward = vllm.model.Layer().forward(1)
+finally:
+    sys.meta_path = saved
+import verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([forward, r.status, r.states().get("fixture.forward")]))
+"""
+
+
+@pytest.mark.parametrize("host", ["inactive", "active"])
+@pytest.mark.parametrize("ask", ["by keyword", "by position"])
+def test_a_finder_wrapping_ours_breaks_no_import(base_python: Path, host: str, ask: str) -> None:
+    # by keyword: the .pth placeholder took no path=, target=: every import raised TypeError;
+    # by position: the wrapped hook asked itself again through the wrapper, without end (a hang)
+    code = WRAPPED.replace("KEYWORDS", str(ask == "by keyword"))
+    seen = run_json(base_python, code, env=NPU if host == "active" else {}, timeout=60)
+    assert seen == ([12, "active", "applied"] if host == "active" else [2, "inactive", None])
+
+
 #: Runs ``CODE`` in an isolated sub-interpreter (the module's name differs per version).
 SUBINTERPRETER = """
 import json, sys

@@ -253,15 +253,27 @@ def activating(spec, waits_for):
 
 def real_spec(fullname, path, target):
     """The spec from the finders after ours on ``sys.meta_path``: those before were asked already,
-    and one that chains (APM agents, coverage) would ask us again."""
-    finders = list(sys.meta_path)
-    first = next((index for index, finder in enumerate(finders) if is_hook(finder)), -1)
-    for finder in finders[first + 1 :]:
-        find = getattr(finder, "find_spec", None)
-        spec = None if find is None or is_hook(finder) else find(fullname, path, target)
-        if spec is not None:
-            return spec
-    return None
+    and one that chains (APM agents, coverage) would ask us again. A finder wrapping ours (Cirq's
+    import test wraps each one) that asks us again in this look-up gets ``None``, as if we were absent."""
+    asking = (get_ident(), fullname)
+    if asking in _ASKING:
+        return None
+    _ASKING.add(asking)
+    try:
+        finders = list(sys.meta_path)
+        first = next((index for index, finder in enumerate(finders) if is_hook(finder)), -1)
+        for finder in finders[first + 1 :]:
+            find = getattr(finder, "find_spec", None)
+            spec = None if find is None or is_hook(finder) else find(fullname, path, target)
+            if spec is not None:
+                return spec
+        return None
+    finally:
+        _ASKING.discard(asking)
+
+
+#: ``(thread, name)`` of each :func:`real_spec` look-up under way.
+_ASKING: "set[tuple[int, str]]" = set()
 
 
 def _namespace_loader(spec):
