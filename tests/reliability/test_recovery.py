@@ -232,6 +232,36 @@ def test_a_finder_wrapping_ours_breaks_no_import(base_python: Path, host: str, a
     assert seen == ([12, "active", "applied"] if host == "active" else [2, "inactive", None])
 
 
+#: The application's logging handler, whose ``emit`` reads a field of its own records (no ``handleError``).
+FIELD_HANDLER = """
+import json, logging, sys
+
+class Forward(logging.Handler):
+    def emit(self, record):
+        sys.stderr.write(f"[{record.request_id}] {record.getMessage()}\\n")
+
+def configure():
+    logging.basicConfig(level=logging.INFO, handlers=[Forward()])
+
+if WHEN == "before":
+    configure()
+import vllm
+if WHEN == "after":
+    configure()
+import vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.model.Layer().forward(1), r.status, r.states().get("fixture.forward")]))
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_logging_handler_failing_on_our_records_breaks_no_import(base_python: Path, when: str) -> None:
+    # configured before the first watched import: activation "failed" and nothing was patched;
+    # after it: the AttributeError of its emit came out of the user's `import vllm.model`
+    seen = run_json(base_python, FIELD_HANDLER.replace("WHEN", repr(when)), env=NPU)
+    assert seen == [12, "active", "applied"]
+
+
 #: Runs ``CODE`` in an isolated sub-interpreter (the module's name differs per version).
 SUBINTERPRETER = """
 import json, sys
