@@ -262,6 +262,19 @@ def test_a_logging_handler_failing_on_our_records_breaks_no_import(base_python: 
     assert seen == [12, "active", "applied"]
 
 
+def test_torch_npu_blocked_in_sys_modules_is_not_installed(base_python: Path) -> None:
+    # `sys.modules["torch_npu"] = None` (the idiom that makes its import fail) counted as installed:
+    # a host without the NPU stack went active, "npu (torch_npu installed)", and patched
+    code = """
+import json, sys
+sys.modules["torch_npu"] = None
+import vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.model.Layer().forward(1), r.status, r.device]))
+"""
+    assert run_json(base_python, code) == [2, "inactive", "none (torch_npu not installed)"]
+
+
 #: Runs ``CODE`` in an isolated sub-interpreter (the module's name differs per version).
 SUBINTERPRETER = """
 import json, sys

@@ -57,7 +57,7 @@ def findable(name):
     """Whether top-level module ``name`` could be imported, asking the meta-path finders (not ours:
     a look-up is not an import to observe) without executing anything."""
     if name in sys.modules:
-        return True
+        return sys.modules.get(name) is not None  # None: its import is blocked (it raises ImportError)
     for finder in list(sys.meta_path):
         find = getattr(finder, "find_spec", None)
         if find is None or is_hook(finder):
