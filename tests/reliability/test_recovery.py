@@ -275,6 +275,27 @@ print(json.dumps([vllm.model.Layer().forward(1), r.status, r.device]))
     assert run_json(base_python, code) == [2, "inactive", "none (torch_npu not installed)"]
 
 
+def test_a_proxy_over_our_fix_is_not_applied(base_python: Path) -> None:
+    # naming the new owner read attributes of its proxy, whose __getattr__ raised RuntimeError: the
+    # re-check gave up and the record stayed `applied` while the proxy ran
+    code = """
+import json, vllm.model, verl_npu_autopatch
+
+class Proxy:
+    def __getattr__(self, name):
+        raise RuntimeError(f"the proxy has no {name}")
+    def __get__(self, obj, cls=None):
+        return lambda x: 1000
+
+vllm.model.Layer.forward = Proxy()
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.model.Layer().forward(1), r["fixture.forward"].state, r["fixture.forward"].reason]))
+"""
+    forward, state, reason = run_json(base_python, code, env=NPU)
+    assert (forward, state) == (1000, "superseded")
+    assert reason.startswith("replaced by ") and "Proxy" in reason
+
+
 #: Runs ``CODE`` in an isolated sub-interpreter (the module's name differs per version).
 SUBINTERPRETER = """
 import json, sys
