@@ -187,7 +187,7 @@ def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver
         return "superseded", f"{installed.target} no longer exists"
     moved = installed.checks != "reload" and found[1] is not installed.value
     if moved and not (installed.checks == "through" and is_ours(found[1])):
-        other = detect(patch, _site(patch, installed.target, live, found, versions, engine))
+        other = _recognised(patch, _site(patch, installed.target, live, found, versions, engine))
         return ("yielded", f"target owned by {other}") if other else ("superseded", f"replaced by {origin(found[1])}")
     for where, before in installed.also.items():  # a further declared site the fix changed
         module_name, _, path = where.partition(":")
@@ -199,7 +199,7 @@ def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver
             return "superseded", f"also changes {where}, which no longer exists"
         at = lookup(module, path) if "[" not in path else None
         at_site = None if at is None else _site(patch, Target(module_name, path), module, at, versions, engine)
-        other = None if at_site is None else detect(patch, at_site)
+        other = None if at_site is None else _recognised(patch, at_site)
         if other:
             return "yielded", f"target owned by {other} (also changes {where})"
         return "superseded", f"also changes {where}, now {origin(value)}"
@@ -209,11 +209,22 @@ def recheck(patch: Patch, versions: dict, installed: Footprint, engine: HandOver
             return "superseded", f"enclosing {target.qualname} no longer exists"
         if enclosing[1] is before or is_ours(enclosing[1]):
             continue
-        other = detect(patch, _site(patch, target, sys.modules.get(target.module, live), enclosing, versions, engine))
+        other = _recognised(
+            patch, _site(patch, target, sys.modules.get(target.module, live), enclosing, versions, engine)
+        )
         if other:
             return "yielded", f"target owned by {other} (only reached through {target.qualname})"
         return "superseded", f"only reached through {target.qualname}, now {origin(enclosing[1])}"
     return "applied", installed.reason
+
+
+def _recognised(patch: Patch, site: Site) -> str | None:
+    """:func:`detect` in a re-check, where our value is gone already: a detector raising on the new
+    value (another's proxy) recognises no owner, and the record is ``superseded``, never kept ``applied``."""
+    try:
+        return detect(patch, site)
+    except Exception:  # naming the owner failed; that our fix no longer runs there is known
+        return None
 
 
 def fixed_through_trigger(patch: Patch) -> bool:
