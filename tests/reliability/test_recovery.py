@@ -296,6 +296,34 @@ print(json.dumps([vllm.model.Layer().forward(1), r["fixture.forward"].state, r["
     assert reason.startswith("replaced by ") and "Proxy" in reason
 
 
+#: A finder forbidding ``torch*`` imports the way a test does, with a ``BaseException`` (``pytest.fail``'s ``Failed``).
+FORBIDDING = """
+import json, sys
+
+class Failed(BaseException):
+    pass
+
+class Forbid:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("torch"):
+            raise Failed(f"importing {name} is forbidden in this test")
+        return None
+
+sys.meta_path.insert(0, Forbid())
+import vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.model.Layer().forward(1), r.status, r.states().get("fixture.forward")]))
+"""
+
+
+@pytest.mark.parametrize("host", ["inactive", "active"])
+def test_a_finder_raising_a_base_exception_on_our_probe_breaks_no_import(base_python: Path, host: str) -> None:
+    # asking every finder whether torch_npu (or a target package) can be found let its Failed out
+    # of the user's `import vllm.model`, which never imports torch
+    seen = run_json(base_python, FORBIDDING, env=NPU if host == "active" else {})
+    assert seen == ([12, "active", "applied"] if host == "active" else [2, "inactive", None])
+
+
 #: Runs ``CODE`` in an isolated sub-interpreter (the module's name differs per version).
 SUBINTERPRETER = """
 import json, sys

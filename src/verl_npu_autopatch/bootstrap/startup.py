@@ -65,7 +65,9 @@ def findable(name):
         try:
             if find(name, None) is not None:
                 return True
-        except Exception:  # a finder that raises cannot answer; the next one is asked
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # a finder that raises cannot answer (pytest.fail's is a BaseException); ask the next
             continue
     return False
 
