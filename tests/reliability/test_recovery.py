@@ -324,6 +324,24 @@ def test_a_finder_raising_a_base_exception_on_our_probe_breaks_no_import(base_py
     assert seen == ([12, "active", "applied"] if host == "active" else [2, "inactive", None])
 
 
+def test_a_lazy_proxy_in_sys_modules_at_a_target_fails_no_activation(base_python: Path) -> None:
+    # reading the proxy's __spec__ (or wrapt handing it to our hook) raised: `report()` said the
+    # activation failed while the fixes registered before it ran
+    code = """
+import json, sys
+
+class Lazy:
+    def __getattr__(self, name):
+        raise RuntimeError("lazy: not loaded")
+
+sys.modules["vllm.old_layout"] = Lazy()
+import vllm, vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.Engine().run(), vllm.model.Layer().forward(1), r.status, r.states()["fixture.forward"]]))
+"""
+    assert run_json(base_python, code, env=NPU) == ["patched:upstream", 12, "active", "applied"]
+
+
 #: Runs ``CODE`` in an isolated sub-interpreter (the module's name differs per version).
 SUBINTERPRETER = """
 import json, sys
