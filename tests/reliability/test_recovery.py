@@ -197,6 +197,151 @@ def test_a_finder_whose_getattr_raises_breaks_no_import(base_python: Path, host:
     assert seen == ([12, "active", "applied"] if host == "active" else [2, "inactive", None])
 
 
+#: Cirq's import test: every finder wrapped in one that asks it again (by keyword, or by position).
+WRAPPED = """
+import json, sys
+
+class Wrapping:
+    def __init__(self, finder):
+        self.finder = finder
+    def find_spec(self, fullname, path=None, target=None):
+        if KEYWORDS:
+            return self.finder.find_spec(fullname, path=path, target=target)
+        return self.finder.find_spec(fullname, path, target)
+
+saved = sys.meta_path
+sys.meta_path = [Wrapping(finder) for finder in sys.meta_path]
+try:
+    import csv, vllm.model
+    forward = vllm.model.Layer().forward(1)
+finally:
+    sys.meta_path = saved
+import verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([forward, r.status, r.states().get("fixture.forward")]))
+"""
+
+
+@pytest.mark.parametrize("host", ["inactive", "active"])
+@pytest.mark.parametrize("ask", ["by keyword", "by position"])
+def test_a_finder_wrapping_ours_breaks_no_import(base_python: Path, host: str, ask: str) -> None:
+    # by keyword: the .pth placeholder took no path=, target=: every import raised TypeError;
+    # by position: the wrapped hook asked itself again through the wrapper, without end (a hang)
+    code = WRAPPED.replace("KEYWORDS", str(ask == "by keyword"))
+    seen = run_json(base_python, code, env=NPU if host == "active" else {}, timeout=60)
+    assert seen == ([12, "active", "applied"] if host == "active" else [2, "inactive", None])
+
+
+#: The application's logging handler, whose ``emit`` reads a field of its own records (no ``handleError``).
+FIELD_HANDLER = """
+import json, logging, sys
+
+class Forward(logging.Handler):
+    def emit(self, record):
+        sys.stderr.write(f"[{record.request_id}] {record.getMessage()}\\n")
+
+def configure():
+    logging.basicConfig(level=logging.INFO, handlers=[Forward()])
+
+if WHEN == "before":
+    configure()
+import vllm
+if WHEN == "after":
+    configure()
+import vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.model.Layer().forward(1), r.status, r.states().get("fixture.forward")]))
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_logging_handler_failing_on_our_records_breaks_no_import(base_python: Path, when: str) -> None:
+    # configured before the first watched import: activation "failed" and nothing was patched;
+    # after it: the AttributeError of its emit came out of the user's `import vllm.model`
+    seen = run_json(base_python, FIELD_HANDLER.replace("WHEN", repr(when)), env=NPU)
+    assert seen == [12, "active", "applied"]
+
+
+def test_torch_npu_blocked_in_sys_modules_is_not_installed(base_python: Path) -> None:
+    # `sys.modules["torch_npu"] = None` (the idiom that makes its import fail) counted as installed:
+    # a host without the NPU stack went active, "npu (torch_npu installed)", and patched
+    code = """
+import json, sys
+sys.modules["torch_npu"] = None
+import vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.model.Layer().forward(1), r.status, r.device]))
+"""
+    assert run_json(base_python, code) == [2, "inactive", "none (torch_npu not installed)"]
+
+
+def test_a_proxy_over_our_fix_is_not_applied(base_python: Path) -> None:
+    # naming the new owner read attributes of its proxy, whose __getattr__ raised RuntimeError: the
+    # re-check gave up and the record stayed `applied` while the proxy ran
+    code = """
+import json, vllm.model, verl_npu_autopatch
+
+class Proxy:
+    def __getattr__(self, name):
+        raise RuntimeError(f"the proxy has no {name}")
+    def __get__(self, obj, cls=None):
+        return lambda x: 1000
+
+vllm.model.Layer.forward = Proxy()
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.model.Layer().forward(1), r["fixture.forward"].state, r["fixture.forward"].reason]))
+"""
+    forward, state, reason = run_json(base_python, code, env=NPU)
+    assert (forward, state) == (1000, "superseded")
+    assert reason.startswith("replaced by ") and "Proxy" in reason
+
+
+#: A finder forbidding ``torch*`` imports the way a test does, with a ``BaseException`` (``pytest.fail``'s ``Failed``).
+FORBIDDING = """
+import json, sys
+
+class Failed(BaseException):
+    pass
+
+class Forbid:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("torch"):
+            raise Failed(f"importing {name} is forbidden in this test")
+        return None
+
+sys.meta_path.insert(0, Forbid())
+import vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.model.Layer().forward(1), r.status, r.states().get("fixture.forward")]))
+"""
+
+
+@pytest.mark.parametrize("host", ["inactive", "active"])
+def test_a_finder_raising_a_base_exception_on_our_probe_breaks_no_import(base_python: Path, host: str) -> None:
+    # asking every finder whether torch_npu (or a target package) can be found let its Failed out
+    # of the user's `import vllm.model`, which never imports torch
+    seen = run_json(base_python, FORBIDDING, env=NPU if host == "active" else {})
+    assert seen == ([12, "active", "applied"] if host == "active" else [2, "inactive", None])
+
+
+def test_a_lazy_proxy_in_sys_modules_at_a_target_fails_no_activation(base_python: Path) -> None:
+    # reading the proxy's __spec__ (or wrapt handing it to our hook) raised: `report()` said the
+    # activation failed while the fixes registered before it ran
+    code = """
+import json, sys
+
+class Lazy:
+    def __getattr__(self, name):
+        raise RuntimeError("lazy: not loaded")
+
+sys.modules["vllm.old_layout"] = Lazy()
+import vllm, vllm.model, verl_npu_autopatch
+r = verl_npu_autopatch.report()
+print(json.dumps([vllm.Engine().run(), vllm.model.Layer().forward(1), r.status, r.states()["fixture.forward"]]))
+"""
+    assert run_json(base_python, code, env=NPU) == ["patched:upstream", 12, "active", "applied"]
+
+
 #: Runs ``CODE`` in an isolated sub-interpreter (the module's name differs per version).
 SUBINTERPRETER = """
 import json, sys

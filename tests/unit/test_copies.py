@@ -96,6 +96,28 @@ def test_a_module_imported_after_the_fix_reads_the_fix_and_revert_restores_it(
     assert late.greet is upstream
 
 
+class _NoNamespace(ModuleType):
+    @property
+    def __dict__(self) -> dict:  # type: ignore[override]
+        raise RuntimeError("a proxy's namespace")
+
+
+@pytest.mark.parametrize("odd", ["a key that is not a string", "a module whose namespace raises"])
+def test_foreign_entries_of_sys_modules_leave_the_copies_rebound(
+    modules: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch, odd: str
+) -> None:
+    # the scan of sys.modules raised after the fix went in: `failed` while the fix ran, no undo kept
+    if odd.startswith("a key"):
+        monkeypatch.setitem(sys.modules, ("not", "a", "name"), sys)  # type: ignore[arg-type]
+    else:
+        monkeypatch.setitem(sys.modules, f"{PACKAGE}.proxy", _NoNamespace(f"{PACKAGE}.proxy"))
+    engine = _engine()
+    assert engine.report().records[0].state == "applied"
+    assert modules[f"{PACKAGE}.early"].run() == "fixed"
+    assert engine.revert() == [PATCH.name]
+    assert modules[SOURCE].greet() == "upstream" and modules[f"{PACKAGE}.early"].run() == "upstream"
+
+
 def test_a_displaced_copy_supersedes_the_record_and_is_never_clobbered(modules: dict[str, ModuleType]) -> None:
     engine = _engine()
     early = modules[f"{PACKAGE}.early"]

@@ -104,6 +104,28 @@ def test_applied_then_replaced_by_an_unknown_owner_is_superseded(module_name: st
     assert doctor_exit_code({"status": "active", "records": [record.to_dict()]}) == 1
 
 
+def test_a_detector_raising_on_another_owners_proxy_leaves_it_superseded(module_name: str) -> None:
+    # verl's detector read `__globals__` of the proxy, whose __getattr__ raised: the re-check gave
+    # up and the record stayed `applied` while the proxy ran
+    class Proxy:
+        def __getattr__(self, name: str) -> None:
+            raise RuntimeError(f"the proxy has no {name}")
+
+        def __call__(self, this: object, x: int) -> int:
+            return -x
+
+    def reads_globals(site) -> str | None:
+        return "verl" if getattr(site.value, "__globals__", {}).get("__name__") == "verl" else None
+
+    engine = engine_for(experts_patch(module_name, yields_to=(reads_globals,)))
+    module = importlib.import_module(module_name)
+    assert engine.report()["own.experts"].state == "applied"
+    module.Experts.forward = Proxy()
+    assert module.Experts.forward(None, 1) == -1
+    record = engine.report()["own.experts"]
+    assert (record.state, record.reason) == ("superseded", f"replaced by {__name__}.Proxy")
+
+
 def test_replaced_by_a_recognised_owner_is_yielded_and_revert_leaves_it(
     module_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -57,7 +57,16 @@ _DEFINITION = re.compile(r"^(\s*def\s)|(\s*async\s+def\s)|(.*(?<!\w)lambda(:|\s)
 
 def underlying(obj: Any) -> Any:
     """The function inside a ``staticmethod``/``classmethod`` object or a bound method; else ``obj``."""
-    return getattr(obj, "__func__", obj)
+    return _read(obj, "__func__", obj)
+
+
+def _read(obj: Any, name: str, default: Any = None) -> Any:
+    """``getattr(obj, name, default)`` that never raises: a value another owner put at a target may
+    be a proxy whose ``__getattr__`` raises more than ``AttributeError``."""
+    try:
+        return getattr(obj, name, default)
+    except Exception:  # such an attribute is not there for us: the record still names the value's owner
+        return default
 
 
 def mark(obj: Any, patch_name: str) -> Any:
@@ -71,7 +80,7 @@ def mark(obj: Any, patch_name: str) -> Any:
 def marked_by(obj: Any) -> str | None:
     """The patch name ``obj`` was marked with, or ``None`` (also for another owner's wrapper of it)."""
     func = underlying(obj)
-    return getattr(func, MARKER, None) if getattr(func, _MARKED, None) is func else None
+    return _read(func, MARKER) if _read(func, _MARKED) is func else None
 
 
 def own_value(owner: Any, name: str) -> Any:
@@ -253,7 +262,7 @@ def statements(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
 def describe(obj: Any) -> str:
     """Short human name of a callable for reports: ``module.qualname``."""
     func = underlying(obj)
-    return f"{getattr(func, '__module__', None) or '?'}.{getattr(func, '__qualname__', type(func).__name__)}"
+    return f"{_read(func, '__module__') or '?'}.{_read(func, '__qualname__', type(func).__name__)}"
 
 
 def origin(obj: Any) -> str:
@@ -261,7 +270,7 @@ def origin(obj: Any) -> str:
     ``functools.wraps`` does not copy: another owner's wrapper is named by its own module
     (:func:`describe` for callables without Python code)."""
     func = underlying(obj)
-    code, namespace = getattr(func, "__code__", None), getattr(func, "__globals__", None)
+    code, namespace = _read(func, "__code__"), _read(func, "__globals__")
     if code is None or not isinstance(namespace, dict):
         return describe(obj)
     return f"{namespace.get('__name__') or '?'}.{getattr(code, 'co_qualname', code.co_name)}"

@@ -57,7 +57,7 @@ def findable(name):
     """Whether top-level module ``name`` could be imported, asking the meta-path finders (not ours:
     a look-up is not an import to observe) without executing anything."""
     if name in sys.modules:
-        return True
+        return sys.modules.get(name) is not None  # None: its import is blocked (it raises ImportError)
     for finder in list(sys.meta_path):
         find = getattr(finder, "find_spec", None)
         if find is None or is_hook(finder):
@@ -65,7 +65,9 @@ def findable(name):
         try:
             if find(name, None) is not None:
                 return True
-        except Exception:  # a finder that raises cannot answer; the next one is asked
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # a finder that raises cannot answer (pytest.fail's is a BaseException); ask the next
             continue
     return False
 
@@ -253,15 +255,27 @@ def activating(spec, waits_for):
 
 def real_spec(fullname, path, target):
     """The spec from the finders after ours on ``sys.meta_path``: those before were asked already,
-    and one that chains (APM agents, coverage) would ask us again."""
-    finders = list(sys.meta_path)
-    first = next((index for index, finder in enumerate(finders) if is_hook(finder)), -1)
-    for finder in finders[first + 1 :]:
-        find = getattr(finder, "find_spec", None)
-        spec = None if find is None or is_hook(finder) else find(fullname, path, target)
-        if spec is not None:
-            return spec
-    return None
+    and one that chains (APM agents, coverage) would ask us again. A finder wrapping ours (Cirq's
+    import test wraps each one) that asks us again in this look-up gets ``None``, as if we were absent."""
+    asking = (get_ident(), fullname)
+    if asking in _ASKING:
+        return None
+    _ASKING.add(asking)
+    try:
+        finders = list(sys.meta_path)
+        first = next((index for index, finder in enumerate(finders) if is_hook(finder)), -1)
+        for finder in finders[first + 1 :]:
+            find = getattr(finder, "find_spec", None)
+            spec = None if find is None or is_hook(finder) else find(fullname, path, target)
+            if spec is not None:
+                return spec
+        return None
+    finally:
+        _ASKING.discard(asking)
+
+
+#: ``(thread, name)`` of each :func:`real_spec` look-up under way.
+_ASKING: "set[tuple[int, str]]" = set()
 
 
 def _namespace_loader(spec):

@@ -209,7 +209,10 @@ def resolve(
 
 def initializing(module: ModuleType | None) -> bool:
     """Whether ``module`` is in ``sys.modules`` but still executing."""
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+    try:
+        return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+    except Exception:  # another's object in sys.modules whose attributes raise (a lazy proxy): not executing
+        return False
 
 
 def known_absent(module: str) -> bool:

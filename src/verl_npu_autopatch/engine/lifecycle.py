@@ -261,6 +261,8 @@ class Engine:
                 wrapt.register_post_import_hook(self._on_import, module)
             except PatchError as error:
                 errors.append(error)
+            except Exception:  # another's object at that name in sys.modules (a proxy): its patches' records say why
+                log.logger().debug("%s in sys.modules cannot be patched", module, exc_info=True)
             with self.slots.lock:  # one by one: an interrupted activation registers the rest later
                 self._hooked.add(module)
         if errors:

@@ -273,17 +273,22 @@ def within(name: str, packages: tuple[str, ...]) -> bool:
 
 
 def holders(packages: tuple[str, ...]) -> list[ModuleType]:
-    """The imported modules of ``packages`` (a snapshot of ``sys.modules``)."""
+    """The imported modules of ``packages`` (a snapshot of ``sys.modules``, whose keys may be anything)."""
     inside = tuple(f"{p}." for p in packages)
-    return [m for n, m in list(sys.modules.items()) if (n in packages or n.startswith(inside)) and m is not None]
+    entries = list(sys.modules.items())
+    return [m for n, m in entries if isinstance(n, str) and (n in packages or n.startswith(inside)) and m is not None]
 
 
 def _globals_holding(packages: tuple[str, ...], value: Any, skip: str) -> Iterator[tuple[ModuleType, str]]:
     """``(module, global name)`` of every global in the imported modules of ``packages`` that is
     ``value``, except ``skip`` (``module:name``, the target)."""
     for module in holders(packages):
-        namespace = getattr(module, "__dict__", {})
-        if not any(map(is_, list(namespace.values()), repeat(value))):  # at C speed: most modules hold none
+        try:
+            namespace = getattr(module, "__dict__", {})
+            values = list(namespace.values())
+        except Exception:  # another's object whose namespace cannot be read (a proxy): no copy seen there
+            continue
+        if not any(map(is_, values, repeat(value))):  # at C speed: most modules hold none
             continue
         for name, held in list(namespace.items()):
             if held is value and f"{module.__name__}:{name}" != skip:
