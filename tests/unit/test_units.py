@@ -237,7 +237,23 @@ def test_drop_orphans_forgets_only_new_submodules_whose_package_is_gone(monkeypa
     modules = {name: types.ModuleType(name) for name in ("old_pkg", "old_pkg.kept", "gone_before.sub")}
     monkeypatch.setattr(sys, "modules", dict(modules))
     known = len(sys.modules)
-    for name in ("new_pkg", "new_pkg.sub", "cut_short.done", "cut_short.done.deeper", "old_pkg.new"):
-        sys.modules[name] = types.ModuleType(name)
+    for name in ("new_pkg", "new_pkg.sub", "cut_short.done", "cut_short.done.deeper", "old_pkg.new", ("a", "b")):
+        sys.modules[name] = types.ModuleType(str(name))  # type: ignore[index]  # another's key may be no string
     drop_orphans(known)  # "cut_short" left sys.modules when its import failed: its submodules go with it
-    assert list(sys.modules) == ["old_pkg", "old_pkg.kept", "gone_before.sub", "new_pkg", "new_pkg.sub", "old_pkg.new"]
+    kept = ["old_pkg", "old_pkg.kept", "gone_before.sub", "new_pkg", "new_pkg.sub", "old_pkg.new", ("a", "b")]
+    assert list(sys.modules) == kept
+
+
+def test_known_absent_passes_over_a_finder_raising_a_base_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a test's finder forbidding an import with pytest.fail (a BaseException) must not come out of our hook
+    import sys
+
+    from verl_npu_autopatch.engine.decision import known_absent
+
+    class Forbidding:
+        def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+            if name == "json.forbidden":
+                raise SystemExit("no json.forbidden here")
+
+    monkeypatch.setattr(sys, "meta_path", [Forbidding(), *sys.meta_path])
+    assert known_absent("json.forbidden") is False and known_absent("json.nothere") is True

@@ -420,7 +420,7 @@ def drop_orphans(known: int) -> None:
     an import the stack ran out in left them behind, and the package's next import would not bind
     them (wrapt imports asyncio: the user's ``import asyncio`` raised ``NameError``)."""
     for name in list(sys.modules)[known:]:
-        parts = name.split(".")
+        parts = str(name).split(".")  # another's key may be no string
         if any(".".join(parts[:end]) not in sys.modules for end in range(1, len(parts))):
             sys.modules.pop(name, None)
 
