@@ -14,17 +14,18 @@ from verl_npu_autopatch.bootstrap.startup import NAME, PLACEHOLDER, WATCHED
 #: with ``PLACEHOLDER``, whose ``find_spec`` is :data:`FIND_SPEC`.
 LINE = "import sys; sys.meta_path.insert(0, type(sys.implementation)({marker}=True, find_spec={find_spec}))\n"
 
-#: ``find_spec(n, *a, **k)``: ``w`` holds the watched names in one string, ``r`` hands back :data:`BODY`'s
-#: answer (``exec`` returns ``None``; ``or`` pops it). Every import until the first watched name
-#: costs one substring test, ``n in w``; the body checks the exact name. ``**k``: a finder that wraps
-#: the others asks with ``path=``, ``target=`` (Cirq's import test); without it every import raised.
-FIND_SPEC = "lambda n, *a, w={watched!r}, r=[], **k: exec({body!r}) or r.pop() if n in w else None"
+#: ``find_spec(n, path, target)``: ``w`` holds the watched names in one string, ``r`` hands back
+#: :data:`BODY`'s answer (``exec`` returns ``None``; ``or`` pops it). Every import until the first
+#: watched name costs one substring test, ``n in w``; the body checks the exact name. ``path`` and
+#: ``target`` by name: a finder wrapping the others passes them so (Cirq's import test), and named
+#: parameters cost a call no tuple or dict (``*a``, ``**k``).
+FIND_SPEC = "lambda n, path=None, target=None, *, w={watched!r}, r=[]: exec({body!r}) or r.pop() if n in w else None"
 
 #: For a watched name, import the start-up module and let its observer take the placeholder's place
 #: and answer; any exception (a stale ``.pth``, a broken install) leaves ``None``: the import goes on.
 BODY = """r.append(None)
 if n in w.split():
- try: from {module} import take_over as t; r[-1] = t(n, *a, **k)
+ try: from {module} import take_over as t; r[-1] = t(n, path, target)
  except Exception: pass"""
 
 
