@@ -178,7 +178,6 @@ class ReportFile:
         self._may_create = True  # until a first write: a directory removed later is never made again
         self._incomplete = False  # a failed rewrite left NAME.incomplete.json: the next write removes it
         self._warned = False
-        self._rechecking = False  # a re-check's own decisions call changed(): written once it ends
 
     def changed(self, wait: bool = True) -> None:
         """Write the report if a decision changed since the last write. Never raises.
@@ -191,12 +190,8 @@ class ReportFile:
             self._lock, self._pid, self._identity = _thread.allocate_lock(), os.getpid(), identity()
             self._written, self._incomplete = (0, None), False
         try:
-            if wait and not self._rechecking:  # the states written are claims re-checked against the live code
-                self._rechecking = True
-                try:
-                    self._engine.slots.recheck()
-                finally:
-                    self._rechecking = False
+            if wait:  # the states written are claims re-checked against the live code
+                self._engine.slots.recheck()
             snapshot = self._snapshot(wait)
             if snapshot is None:  # held by a thread the fork left behind: the next decision writes
                 return

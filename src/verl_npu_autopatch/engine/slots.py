@@ -73,6 +73,7 @@ class Slots(dict[str, Slot]):
         self.on_change: Callable[[], None] | None = None
         self._reexecutions: Reexecutions | None = None
         self._absent: set[str] = set()  # modules ``settle`` was told do not exist
+        self._rechecking: set[int] = set()  # threads in recheck(): a decision it records asks for none again
 
     def after_fork(self) -> None:
         """In the child of ``os.fork()``: the lock may be held by a thread that is not there."""
@@ -181,7 +182,18 @@ class Slots(dict[str, Slot]):
 
     def recheck(self) -> None:
         """Move each applied (or displaced) record to what the live attribute says, and re-name the
-        owner of each target yielded at apply time. Never raises: a detector's error is logged."""
+        owner of each target yielded at apply time. Never raises: a detector's error is logged. Called
+        again from a decision it records (the report file's refresh), it returns: the outer one goes on."""
+        me = _thread.get_ident()
+        if me in self._rechecking:
+            return
+        self._rechecking.add(me)
+        try:
+            self._recheck()
+        finally:
+            self._rechecking.discard(me)
+
+    def _recheck(self) -> None:
         from verl_npu_autopatch.engine import ownership
 
         with self.lock:
